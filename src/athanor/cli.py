@@ -1,0 +1,62 @@
+"""`athanor <command>`: parse, call one library function, render.
+
+Each part registers its commands from a module in `athanor.commands`. Errors that
+athanor raises on purpose (`AthanorError`) print as one line on stderr with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from athanor import __version__
+from athanor.errors import AthanorError
+
+# Modules under athanor.commands that define `register(subparsers)`.
+COMMAND_MODULES = ("model", "traffic", "engine", "evaluate", "compile", "serve", "bench")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        # argparse's own usage errors: one line, exit 2 (its default prints the whole usage).
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="athanor", description="A continuous compiler for LLM inference.")
+    parser.add_argument("--version", action="version", version=f"athanor {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"athanor.commands.{name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"athanor.commands.{name}":
+                continue  # that part has not landed yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except AthanorError as e:
+        print(f"athanor: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("athanor: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""CLI commands, one module per part; each defines `register(subparsers)`."""

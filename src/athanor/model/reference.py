@@ -1,0 +1,218 @@
+"""The reference forward pass: athanor's oracle and the baseline candidate.
+
+Readable PyTorch for the dense Llama/Qwen family and its MoE cousins, following the
+candidate seam of DESIGN.md: `build(model, ctx)` returns a `Forward` with `prefill` and
+`decode` over per-sequence slots, each slot with its own KV cache. Every speedup athanor
+reports is measured against this file, and `athanor candidate new` writes it out as the
+starting point an agent or a person edits.
+
+KV cache layout: per layer, k and v of shape [max_seqs + 1, num_kv_heads, max_seq_len, head_dim]
+in the model's dtype; row `max_seqs` is the padding slot.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from athanor.model import BuildContext, DecodeBatch, Model, PrefillBatch
+from athanor.model.spec import ModelSpec
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    # Normalise in fp32 and cast back before the scale, as HF's LlamaRMSNorm does.
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rope_inv_freq(spec: ModelSpec) -> Tensor:
+    """Inverse frequencies [head_dim / 2] fp32, with Llama-3 scaling when the spec asks for it."""
+    d = spec.head_dim
+    inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    s = spec.rope_scaling
+    if s is None:
+        return inv_freq
+    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    # x: [N, heads, D]; cos, sin: [N, D]
+    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+
+
+class ReferenceForward:
+    """Prefill and decode for one model on one device, with a contiguous per-slot KV cache."""
+
+    def __init__(self, model: Model, ctx: BuildContext) -> None:
+        spec = model.spec
+        self.model = model
+        self.spec = spec
+        self.ctx = ctx
+        # The MoE expert loop has data-dependent shapes, so only dense models can be captured.
+        self.graph_safe = spec.moe is None
+        positions = torch.arange(ctx.max_seq_len, dtype=torch.float32)
+        freqs = torch.outer(positions, rope_inv_freq(spec))
+        emb = torch.cat((freqs, freqs), dim=-1)  # [max_seq_len, D]
+        self.cos = emb.cos().to(device=ctx.device, dtype=ctx.dtype)
+        self.sin = emb.sin().to(device=ctx.device, dtype=ctx.dtype)
+        cache_shape = (ctx.max_seqs + 1, spec.num_kv_heads, ctx.max_seq_len, spec.head_dim)
+        self.k_cache = [ctx.allocate(cache_shape) for _ in range(spec.num_layers)]
+        self.v_cache = [ctx.allocate(cache_shape) for _ in range(spec.num_layers)]
+        self.routing_observer: Callable[[int, Tensor], None] | None = None
+        """Called with (layer, topk_ids [N, top_k]) on every MoE layer; the engine records routing with it."""
+
+    # -- pieces -----------------------------------------------------------------------------
+    def _qkv(self, i: int, h: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q [N, Hq, D], k and v [N, Hkv, D] with RoPE applied, for hidden states h [N, H]."""
+        m, spec = self.model, self.spec
+        n = h.shape[0]
+        q = F.linear(h, m.layer(i, "wq"), m.layer(i, "bq") if spec.attn_bias else None)
+        k = F.linear(h, m.layer(i, "wk"), m.layer(i, "bk") if spec.attn_bias else None)
+        v = F.linear(h, m.layer(i, "wv"), m.layer(i, "bv") if spec.attn_bias else None)
+        q = q.view(n, spec.num_heads, spec.head_dim)
+        k = k.view(n, spec.num_kv_heads, spec.head_dim)
+        v = v.view(n, spec.num_kv_heads, spec.head_dim)
+        if spec.qk_norm:
+            q = rms_norm(q, m.layer(i, "q_norm"), spec.rms_norm_eps)
+            k = rms_norm(k, m.layer(i, "k_norm"), spec.rms_norm_eps)
+        cos, sin = self.cos[positions], self.sin[positions]
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def _mlp(self, i: int, x: Tensor) -> Tensor:
+        if self.spec.moe is not None:
+            return self._moe(i, x)
+        m = self.model
+        return swiglu(x, m.layer(i, "w_gate"), m.layer(i, "w_up"), m.layer(i, "w_down"))
+
+    def _moe(self, i: int, x: Tensor) -> Tensor:
+        """Top-k routed SwiGLU experts (+ optional shared expert) for x [N, H]."""
+        moe, m = self.spec.moe, self.model
+        assert moe is not None
+        topk_ids, topk_weights = route(
+            F.linear(x, m.layer(i, "router")),
+            moe.top_k, moe.scoring, moe.renormalize,
+            m.weights.get(f"layers.{i}.router_bias"),
+        )
+        if self.routing_observer is not None:
+            self.routing_observer(i, topk_ids)
+        w_gate, w_up, w_down = m.layer(i, "experts.w_gate"), m.layer(i, "experts.w_up"), m.layer(i, "experts.w_down")
+        out = torch.zeros_like(x)
+        for e in torch.unique(topk_ids).tolist():
+            token_idx, k_idx = torch.nonzero(topk_ids == e, as_tuple=True)
+            y = swiglu(x[token_idx], w_gate[e], w_up[e], w_down[e])
+            out.index_add_(0, token_idx, y * topk_weights[token_idx, k_idx, None].to(x.dtype))
+        if moe.shared_intermediate_size:
+            shared = swiglu(x, m.layer(i, "shared.w_gate"), m.layer(i, "shared.w_up"), m.layer(i, "shared.w_down"))
+            if moe.shared_gate:
+                shared = torch.sigmoid(F.linear(x, m.layer(i, "shared.gate"))) * shared
+            out = out + shared
+        return out
+
+    def _logits(self, x: Tensor) -> Tensor:
+        return F.linear(rms_norm(x, self.model.get("norm"), self.spec.rms_norm_eps), self.model.get("lm_head"))
+
+    # -- the seam ---------------------------------------------------------------------------
+    def prefill(self, batch: PrefillBatch) -> Tensor:
+        spec, m = self.spec, self.model
+        eps = spec.rms_norm_eps
+        cu = batch.cu_seqlens.tolist()
+        starts = batch.seq_lens.tolist()
+        slots = batch.slots.tolist()
+        x = F.embedding(batch.tokens, m.get("embed"))  # [T, H]
+        for i in range(spec.num_layers):
+            q, k, v = self._qkv(i, rms_norm(x, m.layer(i, "attn_norm"), eps), batch.positions)
+            out = torch.empty_like(q)  # [T, Hq, D]
+            for b, slot in enumerate(slots):
+                lo, hi, start = cu[b], cu[b + 1], starts[b]
+                end = start + hi - lo
+                self.k_cache[i][slot, :, start:end] = k[lo:hi].transpose(0, 1)
+                self.v_cache[i][slot, :, start:end] = v[lo:hi].transpose(0, 1)
+                keys = self.k_cache[i][slot, :, :end]  # [Hkv, end, D]
+                values = self.v_cache[i][slot, :, :end]
+                if start == 0:
+                    mask, causal = None, True
+                else:  # a continued prefill: query j sits at position start + j
+                    q_pos = torch.arange(start, end, device=x.device)
+                    mask, causal = torch.arange(end, device=x.device)[None, :] <= q_pos[:, None], False
+                attn = F.scaled_dot_product_attention(
+                    q[lo:hi].transpose(0, 1)[None], keys[None], values[None],
+                    attn_mask=mask, is_causal=causal, enable_gqa=True,
+                )  # [1, Hq, n, D]
+                out[lo:hi] = attn[0].transpose(0, 1)
+            x = x + F.linear(out.flatten(1), m.layer(i, "wo"))
+            x = x + self._mlp(i, rms_norm(x, m.layer(i, "mlp_norm"), eps))
+        last = batch.cu_seqlens[1:] - 1
+        return self._logits(x[last])
+
+    def decode(self, batch: DecodeBatch) -> Tensor:
+        spec, m = self.spec, self.model
+        eps = spec.rms_norm_eps
+        positions, slots = batch.positions, batch.slots
+        # Eagerly, attend only over the longest live context; under CUDA-graph capture the
+        # shape must be static, so attend over the whole cache with a mask.
+        if is_capturing(positions):
+            kv_len = self.ctx.max_seq_len
+        else:
+            kv_len = int(positions.max()) + 1
+        mask = (torch.arange(kv_len, device=positions.device)[None, :] <= positions[:, None])[:, None, None, :]
+        x = F.embedding(batch.tokens, m.get("embed"))  # [B, H]
+        for i in range(spec.num_layers):
+            q, k, v = self._qkv(i, rms_norm(x, m.layer(i, "attn_norm"), eps), positions)
+            self.k_cache[i][slots, :, positions] = k
+            self.v_cache[i][slots, :, positions] = v
+            keys = self.k_cache[i][slots, :, :kv_len]  # [B, Hkv, kv_len, D]
+            values = self.v_cache[i][slots, :, :kv_len]
+            attn = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=mask, enable_gqa=True)
+            x = x + F.linear(attn.flatten(1), m.layer(i, "wo"))
+            x = x + self._mlp(i, rms_norm(x, m.layer(i, "mlp_norm"), eps))
+        return self._logits(x)
+
+
+def swiglu(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> Tensor:
+    return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
+
+
+def route(
+    router_logits: Tensor, top_k: int, scoring: str, renormalize: bool, selection_bias: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """Top-k expert ids [N, k] and their weights [N, k] fp32 from router logits [N, E].
+
+    `selection_bias` shifts which experts are chosen but not their weights (DeepSeek-V3's
+    e_score_correction_bias); athanor also uses it to replay a measured routing profile.
+    """
+    logits = router_logits.float()
+    scores = torch.softmax(logits, dim=-1) if scoring == "softmax" else torch.sigmoid(logits)
+    chooser = scores if selection_bias is None else scores + selection_bias.float()
+    topk_ids = torch.topk(chooser, top_k, dim=-1).indices
+    topk_weights = scores.gather(1, topk_ids)
+    if renormalize:
+        topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
+    return topk_ids, topk_weights
+
+
+def is_capturing(t: Tensor) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def build(model: Model, ctx: BuildContext) -> ReferenceForward:
+    """The candidate entry point."""
+    return ReferenceForward(model, ctx)

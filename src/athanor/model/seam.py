@@ -1,0 +1,142 @@
+"""The candidate seam: what the engine hands a forward pass, and what it must give back.
+
+Ownership (see DESIGN.md, "The candidate seam"):
+- The engine owns the static input buffers below (on the model's device), padding to
+  batch-size buckets, CUDA-graph capture of `decode` and sampling.
+- The candidate owns its per-slot state (the KV cache) for `ctx.max_seqs` sequences of up
+  to `ctx.max_seq_len` tokens, allocated through `ctx.allocate` so the engine can account
+  for memory. Slot `ctx.max_seqs` is scratch: padding rows point there.
+
+A candidate file defines `build(model, ctx) -> Forward`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A parallel layout. Day one is one device; the fields exist so TP/EP candidates need no new seam."""
+
+    tp: int = 1
+    """Tensor-parallel degree."""
+    ep: int = 1
+    """Expert-parallel degree (MoE)."""
+    dp: int = 1
+    """Data-parallel replicas."""
+    pp: int = 1
+    """Pipeline stages."""
+    dcp: int = 1
+    """Decode context-parallel degree (KV split across ranks)."""
+
+
+@dataclass
+class BuildContext:
+    """What `build(model, ctx)` may use besides the weights."""
+
+    device: torch.device
+    dtype: torch.dtype
+    max_seqs: int
+    """Number of real slots; slot `max_seqs` is the padding slot, so state has `max_seqs + 1` rows."""
+    max_seq_len: int
+    """Longest sequence (prompt + generated tokens) a slot can hold."""
+    rank: int = 0
+    world_size: int = 1
+    group: Any = None
+    """The torch.distributed process group of this engine, or None on one device."""
+    layout: Layout = field(default_factory=Layout)
+    scratch_dir: Path | None = None
+    """The only directory a candidate may write to."""
+    allocated_bytes: int = 0
+    """Bytes handed out by `allocate` so far (the engine reads it for memory accounting)."""
+
+    def allocate(self, shape: tuple[int, ...], dtype: torch.dtype | None = None) -> Tensor:
+        """A zeroed state tensor on the engine's device, counted against this candidate."""
+        out = torch.zeros(shape, dtype=dtype or self.dtype, device=self.device)
+        self.allocated_bytes += out.numel() * out.element_size()
+        return out
+
+
+@dataclass
+class DecodeBatch:
+    """One decode step: one new token per sequence.
+
+    tokens:    [B] int64  the token to feed
+    positions: [B] int64  its position (== seq_lens for a plain decode)
+    slots:     [B] int64  which KV slot each row belongs to (padding rows use slot `max_seqs`)
+    seq_lens:  [B] int64  tokens already cached in each slot before this step
+    """
+
+    tokens: Tensor
+    positions: Tensor
+    slots: Tensor
+    seq_lens: Tensor
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+@dataclass
+class PrefillBatch:
+    """A packed prefill of several sequences, each possibly continuing its cached slot.
+
+    tokens:     [T] int64    all new tokens, sequence after sequence
+    cu_seqlens: [B+1] int64  offsets of each sequence in `tokens` (cu_seqlens[0] == 0)
+    positions:  [T] int64    position of each token (seq_lens[b] + i for the i-th new token)
+    slots:      [B] int64
+    seq_lens:   [B] int64    tokens already cached per slot (0 for a fresh prompt)
+    """
+
+    tokens: Tensor
+    cu_seqlens: Tensor
+    positions: Tensor
+    slots: Tensor
+    seq_lens: Tensor
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.slots.shape[0])
+
+
+@runtime_checkable
+class Forward(Protocol):
+    """What a candidate's `build` returns."""
+
+    graph_safe: bool
+    """True when `decode` may be captured in a CUDA graph (no host syncs, static shapes)."""
+
+    def prefill(self, batch: PrefillBatch) -> Tensor:
+        """Logits [num_seqs, vocab] of each sequence's last new token; fills the slots' KV state."""
+        ...
+
+    def decode(self, batch: DecodeBatch) -> Tensor:
+        """Logits [num_seqs, vocab] of the next token; appends one token to each slot's KV state."""
+        ...
+
+
+def make_prefill_batch(
+    prompts: list[list[int]], slots: list[int], seq_lens: list[int] | None = None, device: torch.device | str = "cpu"
+) -> PrefillBatch:
+    """Pack token lists into a `PrefillBatch` (a convenience for callers outside the engine)."""
+    starts = seq_lens or [0] * len(prompts)
+    tokens = [t for p in prompts for t in p]
+    cu = [0]
+    positions: list[int] = []
+    for p, start in zip(prompts, starts):
+        cu.append(cu[-1] + len(p))
+        positions.extend(range(start, start + len(p)))
+    as_long = dict(dtype=torch.long, device=device)
+    return PrefillBatch(
+        tokens=torch.tensor(tokens, **as_long),  # type: ignore[arg-type]
+        cu_seqlens=torch.tensor(cu, **as_long),  # type: ignore[arg-type]
+        positions=torch.tensor(positions, **as_long),  # type: ignore[arg-type]
+        slots=torch.tensor(slots, **as_long),  # type: ignore[arg-type]
+        seq_lens=torch.tensor(starts, **as_long),  # type: ignore[arg-type]
+    )

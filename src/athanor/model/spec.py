@@ -1,0 +1,161 @@
+"""Architecture specs: the dense Llama/Qwen family and its MoE cousins (Mixtral, Qwen3-MoE).
+
+A `ModelSpec` says everything a forward pass needs to know about shapes and numerics; the
+weights themselves live in `Model` under the canonical names that `weight_shapes` lists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 style frequency scaling of RoPE (`rope_type: llama3` in HF configs)."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """A sparse mixture-of-experts MLP replacing the dense one in every layer."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    """Hidden width of each routed expert."""
+    scoring: Literal["softmax", "sigmoid"] = "softmax"
+    """How router logits become scores: softmax (Mixtral, Qwen3-MoE) or sigmoid (DeepSeek-V3 style)."""
+    renormalize: bool = True
+    """Rescale the top-k scores to sum to one (Mixtral, Qwen3-MoE with norm_topk_prob)."""
+    shared_intermediate_size: int = 0
+    """Width of an always-on shared expert; 0 means none."""
+    shared_gate: bool = False
+    """The shared expert's output is scaled by sigmoid(x @ shared_gate) (Qwen2-MoE style)."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The shape and numerics of one decoder-only transformer."""
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    """Dense MLP width (unused by MoE layers)."""
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    rms_norm_eps: float = 1e-5
+    max_position_embeddings: int = 8192
+    tie_embeddings: bool = False
+    qk_norm: bool = False
+    """RMSNorm over each head of q and k before RoPE (Qwen3)."""
+    attn_bias: bool = False
+    """Biases on the q, k, v projections (Qwen2)."""
+    moe: MoESpec | None = None
+    family: str = "llama"
+    """The HF architecture family the spec was read from or is saved as: llama, qwen2, qwen3, mixtral, qwen3_moe."""
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None
+
+    def with_layers(self, num_layers: int) -> ModelSpec:
+        return dataclasses.replace(self, num_layers=num_layers)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> ModelSpec:
+        d = dict(d)
+        if d.get("rope_scaling"):
+            d["rope_scaling"] = RopeScaling(**d["rope_scaling"])
+        if d.get("moe"):
+            d["moe"] = MoESpec(**d["moe"])
+        return ModelSpec(**d)
+
+    def num_params(self) -> int:
+        return sum(_numel(s) for s in weight_shapes(self).values())
+
+    def active_params_per_token(self) -> int:
+        """Parameters one token reads (MoE: only top_k routed experts)."""
+        total = 0
+        for name, shape in weight_shapes(self).items():
+            n = _numel(shape)
+            if ".experts." in name and self.moe is not None:
+                n = n * self.moe.top_k // self.moe.num_experts
+            total += n
+        return total
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def layer_weight_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """Canonical per-layer weight names (without the `layers.{i}.` prefix) and their shapes."""
+    h, d = spec.hidden_size, spec.head_dim
+    q_dim, kv_dim = spec.num_heads * d, spec.num_kv_heads * d
+    shapes: dict[str, tuple[int, ...]] = {
+        "attn_norm": (h,),
+        "wq": (q_dim, h),
+        "wk": (kv_dim, h),
+        "wv": (kv_dim, h),
+        "wo": (h, q_dim),
+        "mlp_norm": (h,),
+    }
+    if spec.attn_bias:
+        shapes.update(bq=(q_dim,), bk=(kv_dim,), bv=(kv_dim,))
+    if spec.qk_norm:
+        shapes.update(q_norm=(d,), k_norm=(d,))
+    moe = spec.moe
+    if moe is None:
+        i = spec.intermediate_size
+        shapes.update(w_gate=(i, h), w_up=(i, h), w_down=(h, i))
+    else:
+        e, i = moe.num_experts, moe.intermediate_size
+        shapes["router"] = (e, h)
+        shapes["experts.w_gate"] = (e, i, h)
+        shapes["experts.w_up"] = (e, i, h)
+        shapes["experts.w_down"] = (e, h, i)
+        if moe.shared_intermediate_size:
+            s = moe.shared_intermediate_size
+            shapes.update({"shared.w_gate": (s, h), "shared.w_up": (s, h), "shared.w_down": (h, s)})
+            if moe.shared_gate:
+                shapes["shared.gate"] = (1, h)
+    return shapes
+
+
+def weight_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """Every canonical weight name of the model and its shape.
+
+    Names: `embed`, `layers.{i}.<layer name>`, `norm`, and `lm_head` unless embeddings are tied.
+    Optional per-layer `router_bias` [E] (a selection-only bias, used to replay routing) is
+    allowed but not required.
+    """
+    shapes: dict[str, tuple[int, ...]] = {"embed": (spec.vocab_size, spec.hidden_size)}
+    per_layer = layer_weight_shapes(spec)
+    for layer in range(spec.num_layers):
+        for name, shape in per_layer.items():
+            shapes[f"layers.{layer}.{name}"] = shape
+    shapes["norm"] = (spec.hidden_size,)
+    if not spec.tie_embeddings:
+        shapes["lm_head"] = (spec.vocab_size, spec.hidden_size)
+    return shapes
