@@ -6,7 +6,6 @@ import argparse
 import sys
 import time
 
-
 from athanor.errors import ConfigError
 
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import torch
 
 from athanor.errors import ConfigError
-from athanor.model.seam import DecodeBatch, Forward, make_prefill_batch
 from athanor.model.sampling import exponential_noise, sample
+from athanor.model.seam import DecodeBatch, Forward, make_prefill_batch
 
 
 @dataclass(frozen=True)

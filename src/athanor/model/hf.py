@@ -78,7 +78,8 @@ def spec_from_config(cfg: dict[str, Any], path: Path) -> ModelSpec:
             intermediate_size=int(cfg.get("moe_intermediate_size") or need("intermediate_size")),
             scoring="sigmoid" if cfg.get("scoring_func") == "sigmoid" else "softmax",
             renormalize=bool(cfg.get("norm_topk_prob", family == "mixtral")),
-            shared_intermediate_size=shared, shared_gate=shared > 0 and family == "qwen2_moe",
+            shared_intermediate_size=shared,
+            shared_gate=shared > 0 and bool(cfg.get("shared_expert_gate", family == "qwen2_moe")),
         )
     return ModelSpec(
         name=str(cfg.get("_name_or_path") or cfg.get("athanor_name") or path.parent.name),
@@ -90,7 +91,7 @@ def spec_from_config(cfg: dict[str, Any], path: Path) -> ModelSpec:
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        qk_norm=family in ("qwen3", "qwen3_moe"),
+        qk_norm=bool(cfg.get("use_qk_norm", family in ("qwen3", "qwen3_moe"))),
         attn_bias=bool(cfg.get("attention_bias", family in ("qwen2", "qwen2_moe"))),
         moe=moe, family=family,
     )
@@ -171,6 +172,8 @@ def hf_config(spec: ModelSpec, dtype: torch.dtype) -> dict[str, Any]:
         "head_dim": spec.head_dim, "rope_theta": spec.rope_theta, "rms_norm_eps": spec.rms_norm_eps,
         "max_position_embeddings": spec.max_position_embeddings, "tie_word_embeddings": spec.tie_embeddings,
         "attention_bias": spec.attn_bias, "hidden_act": "silu",
+        # Not read by HF for these families; written so that a round trip is exact.
+        "use_qk_norm": spec.qk_norm,
         "torch_dtype": str(dtype).removeprefix("torch."),
     }
     if spec.rope_scaling:
@@ -183,7 +186,8 @@ def hf_config(spec: ModelSpec, dtype: torch.dtype) -> dict[str, Any]:
         key = "num_local_experts" if family == "mixtral" else "num_experts"
         cfg.update({key: m.num_experts, "num_experts_per_tok": m.top_k, "moe_intermediate_size": m.intermediate_size,
                     "norm_topk_prob": m.renormalize, "shared_expert_intermediate_size": m.shared_intermediate_size,
-                    "decoder_sparse_step": 1, "mlp_only_layers": []})
+                    "decoder_sparse_step": 1, "mlp_only_layers": [],
+                    "shared_expert_gate": m.shared_gate})
         if m.scoring == "sigmoid":
             cfg["scoring_func"] = "sigmoid"
     return cfg

@@ -102,11 +102,13 @@ def load_model_and_tokenizer(
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return read_hf_dir(path, dtype=dtype, device=device)
-    if path.suffix == ".gguf":
+    if path.suffix == ".gguf" and path.is_file():
         model, tokenizer = read_gguf(path, dtype=dtype or torch.float32)
         return model.to(device=device), tokenizer
     if path.exists():
         raise ModelLoadError(f"{path}: neither an HF model directory nor a .gguf file")
+    if "/" in name_or_path or path.suffix:
+        raise ModelLoadError(f"--model {name_or_path}: no such file or directory")
     known = ", ".join(sorted(PRESETS))
     raise ConfigError(
         f"unknown model {name_or_path!r}: use {DEFAULT_MODEL}, a preset ({known}), "

@@ -1,0 +1,48 @@
+# athanor's two commands: `make demo` (install + main job) and `make test` (install test deps + tests).
+# Each creates .venv if missing. On a machine without CUDA, PyTorch is installed as the CPU build
+# torch==2.13.0 *before* athanor, so the `torch>=2.11` range in pyproject.toml installs nothing more
+# (a bare range would pull a multi-GB CUDA build).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_CPU := torch==2.13.0
+HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+PYTEST_ARGS ?=
+
+.PHONY: demo test install install-test lint gpu-wheels gpu-test
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	@if [ -z "$(HAS_CUDA)" ]; then $(BIN)/python -m pip install -q $(TORCH_CPU); fi
+	$(BIN)/python -m pip install -q -e .
+	@touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(BIN)/python -m pip install -q -e '.[test]'
+	@touch $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+demo: $(VENV)/.installed
+	$(BIN)/athanor generate --model smollm2-135m --chat --prompt "What is the capital of France?" --max-new-tokens 32
+
+test: $(VENV)/.installed-test
+	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
+
+# --- the lent GPU machine (Python 3.12, torch 2.11, Triton 3.6, no network) ----------------------
+# Here: gather the wheels that image lacks into .whl/ (git-ignored; pass it in the device call's carry).
+gpu-wheels:
+	bash scripts/gpu_wheels.sh
+
+# There: install those wheels beside the image's own packages and run the GPU tests.
+gpu-test:
+	python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/athanor-site .whl/*.whl
+	PYTHONPATH=$(CURDIR)/src:/tmp/athanor-site python3 -m pytest tests/gpu -q -m gpu -p no:cacheprovider $(PYTEST_ARGS)
