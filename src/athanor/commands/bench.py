@@ -1,0 +1,52 @@
+"""`athanor bench <what>`: benchmarks that write a JSON record (device, versions, commit).
+
+Sub-commands register under one `bench` parser; `swap` is the engine's. Others (`decode`,
+`serve`) add theirs through `add_bench_command`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser("bench", help="run a benchmark and write its JSON record")
+    bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK", parser_class=type(bench))
+    bench.set_defaults(func=lambda args: (bench.print_help(), 2)[1])
+    # Others find the sub-parser set here to add `bench decode`, `bench serve`, ...
+    bench.set_defaults(bench_subparsers=bench_sub)
+
+    p = bench_sub.add_parser("swap", help="cold start, swap, experiment and respawn times of the engine")
+    p.add_argument("--model", default="smollm2-135m", help="name, preset, HF directory or .gguf file")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--dtype", default="", help="float32, bfloat16, ... (default: as stored)")
+    p.add_argument("--swaps", type=int, default=10, help="swaps between two candidates (the median is reported)")
+    p.add_argument("--max-seqs", type=int, default=8)
+    p.add_argument("--max-seq-len", type=int, default=256)
+    p.add_argument("--threads", type=int, default=0, help="CPU threads of the worker (0: torch's default)")
+    p.add_argument("--compile", action="store_true", help="also time a torch.compile candidate's swap, cold and warm")
+    p.add_argument("--json", required=True, help="where to write the record")
+    p.set_defaults(func=cmd_swap)
+
+
+def cmd_swap(args: argparse.Namespace) -> int:
+    from athanor.engine.bench import bench_swap
+    from athanor.errors import ConfigError
+
+    if args.swaps < 1:
+        raise ConfigError("--swaps must be at least 1")
+    record = bench_swap(args.model, device=args.device, dtype=args.dtype, num_swaps=args.swaps,
+                        max_seqs=args.max_seqs, max_seq_len=args.max_seq_len, cpu_threads=args.threads,
+                        with_compile=args.compile)
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    keys = ("cold_start_s", "swap_s", "experiment_s", "respawn_s", "compile_swap_first_s", "compile_swap_warm_s")
+    summary = "  ".join(f"{k}={record[k]:.3f}" for k in keys if k in record)
+    print(f"{args.model} on {record['device_name']}: {summary}  -> {out}")
+    return 0

@@ -1,0 +1,12 @@
+"""The persistent engine: a worker process that loads weights once and hot-swaps candidates.
+
+Who owns what (see DESIGN.md, "The persistent engine"):
+- `candidate`: `Candidate` (source + manifest) and importing one under a unique module name;
+- `protocol`: the typed, versioned messages between client and worker;
+- `worker` / `core`: the process (sandbox, model load, RPC loop) and the engine's state;
+- `graphs` / `sampling`: static decode buffers, CUDA graphs, sampling inside the graph;
+- `client` / `supervisor`: the caller's side: `EngineClient`, `ZmqEngineClient`, `Supervisor`;
+- `sandbox` / `watch` / `isolation`: confinement, violation reports, namespace restore.
+
+This package's `__init__` imports nothing heavy: the worker enters its sandbox before torch loads.
+"""

@@ -1,0 +1,88 @@
+"""`EngineConfig`: everything a worker process needs to start, serialisable as JSON.
+
+Imports neither torch nor the model: the worker reads it and enters its sandbox before
+anything else is imported (namespaces must be created while the process is single-threaded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """What the worker enforces on the candidate code it runs."""
+
+    enabled: bool = True
+    """False runs candidates unconfined (trusted code only, e.g. a serving engine with a vetted winner)."""
+    network: bool = True
+    """Give the worker its own, empty network namespace (and block TCP with Landlock where available)."""
+    filesystem: bool = True
+    """Allow writes only to the scratch dir, the compile caches, /dev and /dev/shm (Landlock)."""
+    memory_limit_bytes: int = 0
+    """RLIMIT_DATA of the worker; 0: 90% of physical memory; -1: no limit. (Not RLIMIT_AS: it breaks CUDA.)"""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """One engine worker: which model, where, how many sequences, which decode buckets."""
+
+    model: str
+    """A model name or path as `athanor.model.registry.load_model` accepts (loaded by the worker)."""
+    device: str = "cpu"
+    dtype: str = ""
+    """torch dtype name ("bfloat16", "float32"); empty: as stored (fp32 for random presets)."""
+    num_layers: int = 0
+    """Cut the model to its first n layers (the fast tier); 0: the whole model (the slow tier)."""
+    max_seqs: int = 8
+    """Real slots per resident candidate; slot `max_seqs` is the padding slot."""
+    max_seq_len: int = 256
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    """Decode batch sizes captured as CUDA graphs; a batch pads up to the next bucket."""
+    use_graphs: bool = True
+    """Capture graph-safe candidates' decode on CUDA (ignored on CPU)."""
+    max_resident: int = 2
+    """Candidates kept built at once (the incumbent and a challenger)."""
+    scratch_dir: str = ""
+    """The worker's scratch root (candidates get a directory each under it)."""
+    cache_dir: str = ""
+    """Shared on-disk Inductor / Triton / CUDA caches, kept across swaps and respawns; empty: ~/.cache/athanor/compile."""
+    socket_path: str = ""
+    """Unix socket the worker serves on (a filesystem path: it works across network namespaces)."""
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    seed: int = 0
+    """Seed of random-weight models."""
+    cpu_threads: int = 0
+    """torch intra-op threads of the worker; 0: on CPU, one less than the usable cores (OpenMP threads that
+    compete with the caller for cores spin and slow every step many times over); on CUDA, torch's default."""
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> EngineConfig:
+        raw: dict[str, Any] = json.loads(text)
+        raw["sandbox"] = SandboxConfig(**raw.get("sandbox", {}))
+        raw["buckets"] = tuple(raw.get("buckets", DEFAULT_BUCKETS))
+        return cls(**raw)
+
+    def compile_cache_dir(self) -> Path:
+        if self.cache_dir:
+            return Path(self.cache_dir)
+        return Path.home() / ".cache" / "athanor" / "compile"
+
+    def cache_env(self) -> dict[str, str]:
+        """Environment that points every compiler cache at the shared directory."""
+        root = self.compile_cache_dir()
+        return {
+            "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
+            "TRITON_CACHE_DIR": str(root / "triton"),
+            "TRITON_HOME": str(root / "triton-home"),
+            "CUDA_CACHE_PATH": str(root / "cuda"),
+        }

@@ -1,0 +1,131 @@
+"""`DecodeRunner`: the engine's static decode buffers, bucket padding and CUDA graphs.
+
+Owned by the engine, one per resident candidate, on the model's device. A decode batch of B
+rows is copied into the static buffers, padded up to the next bucket with rows that point at
+the padding slot `max_seqs`, and the captured graph of decode + sampling for that bucket is
+replayed. On CPU, or for a candidate that is not graph-safe, the same step runs eagerly.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from athanor.engine.sampling import sample
+from athanor.errors import CandidateError
+from athanor.model import DecodeBatch, Forward
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """One decode step's rows, on the engine's device. All [B]."""
+
+    tokens: Tensor  # int64
+    positions: Tensor  # int64
+    slots: Tensor  # int64
+    seq_lens: Tensor  # int64
+    temperature: Tensor  # fp32
+    top_p: Tensor  # fp32
+    seeds: Tensor  # int64
+
+
+def check_logits(logits: object, num_rows: int, vocab_size: int, where: str) -> Tensor:
+    """`logits` if it is a [num_rows, vocab] float tensor, else a CandidateError that says what it is."""
+    if not isinstance(logits, Tensor):
+        raise CandidateError(f"{where} returned {type(logits).__name__}, expected a Tensor [{num_rows}, {vocab_size}]")
+    if tuple(logits.shape) != (num_rows, vocab_size) or not logits.is_floating_point():
+        raise CandidateError(f"{where} returned a {logits.dtype} tensor of shape {list(logits.shape)}, "
+                             f"expected a float tensor [{num_rows}, {vocab_size}]")
+    return logits
+
+
+class DecodeRunner:
+    def __init__(self, forward: Forward, max_seqs: int, vocab_size: int, device: torch.device,
+                 buckets: tuple[int, ...]) -> None:
+        self.forward = forward
+        self.max_seqs = max_seqs
+        self.vocab_size = vocab_size
+        self.device = device
+        self.buckets = tuple(sorted(set(buckets)))
+        rows = self.buckets[-1]
+        self._in = StepInputs(
+            tokens=torch.zeros(rows, dtype=torch.long, device=device),
+            positions=torch.zeros(rows, dtype=torch.long, device=device),
+            slots=torch.full((rows,), max_seqs, dtype=torch.long, device=device),
+            seq_lens=torch.zeros(rows, dtype=torch.long, device=device),
+            temperature=torch.zeros(rows, dtype=torch.float32, device=device),
+            top_p=torch.ones(rows, dtype=torch.float32, device=device),
+            seeds=torch.zeros(rows, dtype=torch.long, device=device),
+        )
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor, Tensor]] = {}
+
+    @property
+    def captured(self) -> bool:
+        return bool(self._graphs)
+
+    def _pad_from(self, start: int) -> None:
+        # Padding rows feed token 0 at position 0 of the padding slot, greedily.
+        b = self._in
+        b.tokens[start:].zero_()
+        b.positions[start:].zero_()
+        b.slots[start:].fill_(self.max_seqs)
+        b.seq_lens[start:].zero_()
+        b.temperature[start:].zero_()
+        b.top_p[start:].fill_(1.0)
+        b.seeds[start:].zero_()
+
+    def eager(self, x: StepInputs) -> tuple[Tensor, Tensor]:
+        """(next tokens [B], logits [B, vocab]) of one decode step, without graphs."""
+        batch = DecodeBatch(x.tokens, x.positions, x.slots, x.seq_lens)
+        logits = check_logits(self.forward.decode(batch), int(x.tokens.shape[0]), self.vocab_size, "decode()")
+        return sample(logits, x.temperature, x.top_p, x.seeds, x.positions), logits
+
+    def _view(self, rows: int) -> StepInputs:
+        b = self._in
+        return StepInputs(*(getattr(b, f)[:rows] for f in StepInputs.__dataclass_fields__))
+
+    def capture(self) -> None:
+        """Capture decode + sampling for every bucket (largest first, sharing one memory pool)."""
+        self._pad_from(0)
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):  # warm-up outside capture: lazy inits, autotuning, allocator
+            for _ in range(2):
+                for rows in self.buckets:
+                    self.eager(self._view(rows))
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        pool = None
+        for rows in reversed(self.buckets):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                out_tokens, out_logits = self.eager(self._view(rows))
+            pool = graph.pool()
+            self._graphs[rows] = (graph, out_tokens, out_logits)
+        torch.cuda.synchronize(self.device)
+        log.debug("captured decode graphs for buckets %s", self.buckets)
+
+    def step(self, x: StepInputs) -> tuple[Tensor, Tensor, bool]:
+        """(next tokens [B], logits [B, vocab], whether a graph ran) for rows already on the device."""
+        num_rows = int(x.tokens.shape[0])
+        i = bisect.bisect_left(self.buckets, num_rows)
+        if not self._graphs or i == len(self.buckets):
+            tokens, logits = self.eager(x)
+            return tokens, logits, False
+        rows = self.buckets[i]
+        for name in StepInputs.__dataclass_fields__:
+            getattr(self._in, name)[:num_rows].copy_(getattr(x, name), non_blocking=True)
+        self._pad_from(num_rows)
+        graph, out_tokens, out_logits = self._graphs[rows]
+        graph.replay()
+        return out_tokens[:num_rows].clone(), out_logits[:num_rows].clone(), True
+
+    def release(self) -> None:
+        """Drop the graphs (and with them their memory pool) and the candidate's forward."""
+        self._graphs.clear()
+        self.forward = None  # type: ignore[assignment]

@@ -1,0 +1,128 @@
+"""The engine worker process: `python -m athanor.engine.worker CONFIG.json`.
+
+Order matters: read the config, enter the sandbox while still single-threaded (no torch
+yet), point the compile caches at the shared directory, then import torch, load the model
+once, and answer requests on a zmq ROUTER socket until told to stop or orphaned. Requests are
+handled one at a time, in arrival order, whichever client sent them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from athanor.engine.config import EngineConfig
+from athanor.engine.sandbox import default_writable, enter_sandbox
+
+if TYPE_CHECKING:
+    from athanor.model import Model
+
+log = logging.getLogger(__name__)
+
+
+def _watch_parent(parent: int) -> None:
+    # Exit when the supervisor is gone, even while the main thread is busy in a candidate.
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            os._exit(3)
+
+
+def _load_model(config: EngineConfig) -> Model:
+    import torch
+
+    from athanor.model.registry import load_model
+
+    dtype = getattr(torch, config.dtype) if config.dtype else None
+    model = load_model(config.model, device=config.device, dtype=dtype, seed=config.seed)
+    if config.num_layers:
+        model = model.slice(config.num_layers)
+    return model
+
+
+def serve(config: EngineConfig) -> int:
+    socket_path = Path(config.socket_path)
+    scratch = Path(config.scratch_dir)
+    cache = config.compile_cache_dir()
+    for name, value in config.cache_env().items():
+        os.environ.setdefault(name, value)
+    os.environ["TMPDIR"] = str(scratch / "tmp")
+    (scratch / "tmp").mkdir(parents=True, exist_ok=True)
+    writable = default_writable(scratch, cache, socket_path.parent)
+    report = enter_sandbox(config.sandbox, writable)
+    for line in report:
+        if "NOT" in line or "DISABLED" in line:
+            log.warning("sandbox: %s", line)
+        else:
+            log.info("sandbox: %s", line)
+    sys.dont_write_bytecode = True  # candidates' __pycache__ would only litter the scratch dir
+
+    import torch
+    import zmq
+
+    from athanor.engine import protocol as p
+    from athanor.engine.core import Engine
+
+    if config.cpu_threads:
+        torch.set_num_threads(config.cpu_threads)
+    elif config.device == "cpu":
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - 1))
+    t0 = time.perf_counter()
+    model = _load_model(config)
+    log.info("loaded %s on %s in %.2fs", config.model, config.device, time.perf_counter() - t0)
+    engine = Engine(config, model, report)
+    engine.seal([str(w) for w in writable])
+    torch.set_grad_enabled(False)  # an inference engine: no autograd state on any candidate's tensors
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    socket_path.unlink(missing_ok=True)
+    sock.bind(f"ipc://{socket_path}")
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    while True:
+        frames = sock.recv_multipart(copy=True)
+        ident, body = frames[0], frames[1:]
+        try:
+            request_id, request = p.decode(body)
+        except p.ProtocolError as e:
+            text = str(e)
+            if text.startswith("unknown message type"):
+                text = "unknown RPC" + text.removeprefix("unknown message type")
+            reply: object = p.AckReply("invalid", text)
+            request_id, request = 0, None
+        else:
+            if isinstance(request, p.ShutdownRequest):
+                sock.send_multipart([ident, *p.encode(p.AckReply(), request_id)])
+                break
+            try:
+                reply = engine.handle(request)
+            except Exception as e:  # a bug of the engine's own: answer instead of dying
+                log.exception("engine error on %s", type(request).__name__)
+                reply = p.failure(request, "error", f"engine error: {e!r}")
+        try:
+            sock.send_multipart([ident, *p.encode(reply, request_id)])
+        except p.ProtocolError as e:
+            sock.send_multipart([ident, *p.encode(p.failure(request, "error", str(e)), request_id)])
+    sock.close()
+    ctx.term()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        sys.stderr.write("usage: python -m athanor.engine.worker CONFIG.json\n")
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(name)s: %(message)s")
+    config = EngineConfig.from_json(Path(args[0]).read_text())
+    return serve(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""Candidates: content hash, unique module names, getsource, clear import errors, namespace restore."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from pathlib import Path
+
+import pytest
+
+import athanor.model.reference as reference
+from athanor.engine.candidate import Candidate, baseline_candidate, import_candidate, unload_module
+from athanor.engine.isolation import ModuleGuard
+from athanor.errors import CandidateError
+
+
+def test_manifest_hash_identifies_the_source() -> None:
+    a = Candidate.from_source("x = 1\n", parent="p", author="agent-1")
+    assert a.id == Candidate.from_source("x = 1\n").id != Candidate.from_source("x = 2\n").id
+    a.check_hash()
+    forged = Candidate("x = 3\n", a.manifest)
+    with pytest.raises(CandidateError, match="content hash"):
+        forged.check_hash()
+
+
+def test_import_under_unique_name_with_source_on_disk(tmp_path: Path) -> None:
+    cand = Candidate.from_source("def f():\n    return 42\n")
+    one = import_candidate(cand, tmp_path / "a", 1)
+    two = import_candidate(cand, tmp_path / "b", 2)
+    assert one.__name__ != two.__name__ and one.f is not two.f
+    assert "return 42" in inspect.getsource(one.f)  # what @triton.jit needs
+    unload_module(one.__name__)
+    unload_module(two.__name__)
+    assert one.__name__ not in sys.modules
+
+
+def test_bad_sources_give_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(CandidateError, match=r"line 1.*does not parse"):
+        import_candidate(Candidate.from_source("def build(:\n"), tmp_path, 1)
+    with pytest.raises(CandidateError, match="ZeroDivisionError"):
+        import_candidate(Candidate.from_source("x = 1 / 0\n"), tmp_path, 2)
+
+
+def test_baseline_is_the_reference_source() -> None:
+    assert baseline_candidate().source == Path(reference.__file__).read_text()
+
+
+def test_guard_undoes_edits_to_athanor_modules() -> None:
+    guard = ModuleGuard()
+    original = reference.rms_norm
+    reference.rms_norm = None  # type: ignore[assignment]
+    reference.injected = 1  # type: ignore[attr-defined]
+    changed = guard.restore()
+    assert reference.rms_norm is original and not hasattr(reference, "injected")
+    assert "athanor.model.reference" in changed
