@@ -26,7 +26,7 @@ from athanor.engine.config import EngineConfig
 from athanor.engine.graphs import DecodeRunner, StepInputs, check_logits
 from athanor.engine.isolation import ModuleGuard
 from athanor.engine.requests import BadRequest, validate_decode, validate_prefill
-from athanor.engine.sampling import sample
+from athanor.model.sampling import sample
 from athanor.engine.watch import ViolationWatch
 from athanor.errors import CandidateError
 from athanor.model import BuildContext, Forward, Model, PrefillBatch

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from athanor.engine.sampling import sample
+from athanor.model.sampling import sample
 from athanor.errors import CandidateError
 from athanor.model import DecodeBatch, Forward
 

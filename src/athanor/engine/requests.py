@@ -15,7 +15,7 @@ from torch import Tensor
 from athanor.engine import protocol as p
 from athanor.engine.config import EngineConfig
 from athanor.engine.graphs import DecodeRunner, StepInputs, check_logits
-from athanor.engine.sampling import sample
+from athanor.model.sampling import sample
 from athanor.model import Forward, PrefillBatch
 
 

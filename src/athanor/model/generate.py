@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from athanor.errors import ConfigError
-from athanor.model.sampling import exponential_noise, sample
+from athanor.model.sampling import sample
 from athanor.model.seam import DecodeBatch, Forward, make_prefill_batch
 
 
@@ -68,16 +68,15 @@ def generate(forward: Forward, prompts: list[list[int]], params: SamplingParams,
             f"{max_seq_len}-token context; shorten the prompt or lower --max-new-tokens"
         )
     num = len(prompts)
-    gens = [None if params.seed is None else torch.Generator(device=device).manual_seed(params.seed + i)
-            for i in range(num)]
+    base_seed = params.seed if params.seed is not None else int(torch.randint(0, 2**31 - 1, ()))
+    seeds = torch.arange(num, device=device) + base_seed  # one stream per sequence
     temperature = torch.full((num,), params.temperature, device=device)
     top_p = torch.full((num,), params.top_p, device=device)
+    lengths = [len(p) for p in prompts]
 
     def pick(logits: torch.Tensor, rows: list[int]) -> list[int]:
-        noise = None
-        if params.temperature > 0:
-            noise = exponential_noise(tuple(logits.shape), [gens[r] for r in rows], device)  # type: ignore[arg-type]
-        return sample(logits, temperature[rows], top_p[rows], noise).tolist()
+        positions = torch.tensor([lengths[r] for r in rows], device=device)
+        return sample(logits, temperature[rows], top_p[rows], seeds[rows], positions).tolist()
 
     _sync(device)
     start = time.perf_counter()
@@ -87,7 +86,6 @@ def generate(forward: Forward, prompts: list[list[int]], params: SamplingParams,
     prefill_s = time.perf_counter() - start
 
     out: list[list[int]] = [[] for _ in prompts]
-    lengths = [len(p) for p in prompts]
     live = list(range(num))
     steps = 0
     start = time.perf_counter()

@@ -100,7 +100,7 @@ def test_escape_attempts_change_nothing_and_the_verdict_says_so(fresh: Superviso
 
 def test_edits_to_athanor_modules_do_not_survive_a_swap(fresh: Supervisor) -> None:
     vandal = patched(
-        "import athanor.model.reference as ref, athanor.engine.sampling as sampling\n"
+        "import athanor.model.reference as ref, athanor.model.sampling as sampling\n"
         "_reference_build = build\n"
         "def build(model, ctx):\n"
         "    ref.rms_norm = None\n"
@@ -108,7 +108,7 @@ def test_edits_to_athanor_modules_do_not_survive_a_swap(fresh: Supervisor) -> No
         "    return _reference_build(model, ctx)\n")
     assert fresh.swap(vandal).status == "ok"
     checker = Candidate.from_source(
-        "import athanor.model.reference as ref, athanor.engine.sampling as sampling\n"
+        "import athanor.model.reference as ref, athanor.model.sampling as sampling\n"
         "def build(model, ctx):\n"
         "    assert ref.rms_norm is not None and sampling.sample is not None, 'an edit survived'\n"
         "    return ref.build(model, ctx)\n")
