@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import platform
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -23,6 +21,7 @@ from typing import Any
 
 import torch
 
+from athanor import provenance
 from athanor.engine import protocol as p
 from athanor.engine.candidate import Candidate, baseline_candidate
 from athanor.engine.client import check
@@ -57,25 +56,6 @@ def model_on_disk(name: str, directory: Path, dtype: str) -> str:
     model = load_model(name, dtype=getattr(torch, dtype) if dtype else None)
     save_hf(model, directory)
     return str(directory)
-
-
-def environment(device: str) -> dict[str, Any]:
-    """Device name, versions and git commit for the benchmark record."""
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = ""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                                cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
-    name = torch.cuda.get_device_name(0) if device.startswith("cuda") and torch.cuda.is_available() else (
-        platform.processor() or platform.machine())
-    return {"device": device, "device_name": name, "torch": torch.__version__, "triton": triton_version,
-            "python": platform.python_version(), "git_commit": commit or "unknown", "host": platform.node()}
 
 
 def _timed(fn: Any) -> tuple[float, Any]:
@@ -124,7 +104,7 @@ def bench_swap(model: str, device: str = "cpu", dtype: str = "", num_swaps: int 
         twin = Candidate.from_source(base.source + "\n# the same forward, another candidate\n",
                                      parent=base.manifest.content_hash, description="baseline twin")
         record: dict[str, Any] = {"benchmark": "swap", "model": model, "config": dataclasses.asdict(config),
-                                  **environment(device)}
+                                  **provenance.environment(device)}
         with Supervisor(config, incumbent=base) as engine:
             record["cold_start_s"] = engine.start()
             record["sandbox"] = list(engine.health().sandbox)

@@ -21,6 +21,7 @@ from types import ModuleType
 import torch
 
 from athanor.engine import protocol as p
+from athanor.engine import trajectory
 from athanor.engine.candidate import Candidate, format_exception, import_candidate, unload_module
 from athanor.engine.config import EngineConfig
 from athanor.engine.graphs import DecodeRunner, StepInputs, check_logits
@@ -182,6 +183,8 @@ class Engine:
             torch._dynamo.reset()
         gc.collect()
         if self.device.type == "cuda":
+            # Workspaces cuBLAS cached for the dropped candidate's streams, then the allocator's free blocks.
+            torch._C._cuda_clearCublasWorkspaces()
             torch.cuda.empty_cache()
 
     def _restore_namespaces(self) -> None:
@@ -270,6 +273,13 @@ class Engine:
             return p.MeasureReply(status="error", error=format_exception(e))
         return p.MeasureReply(times_s=tuple(times), used_graph=used_graph)
 
+    def trajectory(self, req: p.TrajectoryRequest) -> p.TrajectoryReply:
+        """Interleaved, timed, poisoned and fingerprinted runs for the evaluator."""
+        return trajectory.run_trajectory(self, req)
+
+    def probe(self, req: p.ProbeRequest) -> p.ProbeReply:
+        return trajectory.probe(self, req)
+
     # -- introspection --------------------------------------------------------------------------
     def health(self, req: p.HealthRequest) -> p.HealthReply:
         name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
@@ -294,6 +304,7 @@ class Engine:
             p.HealthRequest: self.health, p.StatsRequest: self.stats, p.SwapRequest: self.swap,
             p.ActivateRequest: self.activate, p.DropRequest: self.drop, p.RunRequest: self.run,
             p.GenerateRequest: self.generate, p.MeasureRequest: self.measure,
+            p.TrajectoryRequest: self.trajectory, p.ProbeRequest: self.probe,
         }.get(type(request))
         if handler is None:
             return p.AckReply("invalid", f"unknown RPC {type(request).__name__!r}")

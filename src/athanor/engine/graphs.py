@@ -9,6 +9,7 @@ replayed. On CPU, or for a candidate that is not graph-safe, the same step runs 
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -43,6 +44,16 @@ def check_logits(logits: object, num_rows: int, vocab_size: int, where: str) -> 
         raise CandidateError(f"{where} returned a {logits.dtype} tensor of shape {list(logits.shape)}, "
                              f"expected a float tensor [{num_rows}, {vocab_size}]")
     return logits
+
+
+@functools.cache
+def capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """One side stream per device for every capture.
+
+    cuBLAS keeps a workspace per (handle, stream) for the life of the process; a fresh stream
+    per capture would leave one workspace behind per swap.
+    """
+    return torch.cuda.Stream(device)
 
 
 class DecodeRunner:
@@ -93,7 +104,7 @@ class DecodeRunner:
     def capture(self) -> None:
         """Capture decode + sampling for every bucket (largest first, sharing one memory pool)."""
         self._pad_from(0)
-        stream = torch.cuda.Stream(self.device)
+        stream = capture_stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):  # warm-up outside capture: lazy inits, autotuning, allocator
             for _ in range(2):

@@ -1,0 +1,49 @@
+"""Where a figure came from: device, versions and git commit, for every benchmark and verdict record."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def git_commit() -> str:
+    """$ATHANOR_COMMIT (set when the tree travels without .git, e.g. to a lent GPU), else `git rev-parse HEAD`."""
+    if env := os.environ.get("ATHANOR_COMMIT"):
+        return env
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=Path(__file__).parent)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return done.stdout.strip() if done.returncode == 0 else "unknown"
+
+
+def environment(device: str | torch.device | None = None) -> dict[str, Any]:
+    """Device name, GPU, versions, threads, commit and time."""
+    try:
+        import triton
+
+        triton_version: str | None = triton.__version__
+    except ImportError:
+        triton_version = None
+    device = str(device) if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": git_commit(),
+        "device": device,
+        "device_name": gpu if device.startswith("cuda") else (platform.processor() or platform.machine()),
+        "gpu": gpu,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "host": platform.node(),
+    }
