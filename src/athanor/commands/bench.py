@@ -33,6 +33,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", required=True, help="where to write the record")
     p.set_defaults(func=cmd_swap)
 
+    d = bench_sub.add_parser("decode", help="per-token decode time through the engine's captured path, "
+                                            "and its share of the HBM roofline")
+    d.add_argument("--model", required=True, help="preset (random weights), random:PRESET[@SEED], HF dir or .gguf")
+    d.add_argument("--batch", type=int, default=1)
+    d.add_argument("--context", type=int, default=1024, help="tokens already cached per row")
+    d.add_argument("--candidate", default="reference", help="a candidate file, 'reference' or 'best' (best-known)")
+    d.add_argument("--compile", action="store_true", help="torch.compile the step (the reference: its "
+                                                          "computation in the template, compiled)")
+    d.add_argument("--device", default="cuda")
+    d.add_argument("--dtype", default="bfloat16")
+    d.add_argument("--iters", type=int, default=50, help="at least this many timed steps")
+    d.add_argument("--routing", default="", help="MoE: a RoutingProfile JSON to replay (default: Zipf-parametric)")
+    d.add_argument("--json", required=True, help="where to write the record")
+    d.set_defaults(func=cmd_decode)
+
 
 def cmd_swap(args: argparse.Namespace) -> int:
     from athanor.engine.bench import bench_swap
@@ -49,4 +64,22 @@ def cmd_swap(args: argparse.Namespace) -> int:
     keys = ("cold_start_s", "swap_s", "experiment_s", "respawn_s", "compile_swap_first_s", "compile_swap_warm_s")
     summary = "  ".join(f"{k}={record[k]:.3f}" for k in keys if k in record)
     print(f"{args.model} on {record['device_name']}: {summary}  -> {out}")
+    return 0
+
+
+def cmd_decode(args: argparse.Namespace) -> int:
+    from athanor.moves.decode_bench import bench_decode
+
+    record = bench_decode(args.model, args.batch, args.context, candidate=args.candidate, use_compile=args.compile,
+                          device=args.device, dtype=args.dtype, iters=args.iters, routing=args.routing or None)
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    if record["status"] != "ok":
+        print(f"{args.model} b={args.batch} ctx={args.context}: {record['status']}: {record.get('error', '')}")
+        return 1
+    share = record.get("roofline_share")
+    print(f"{args.model} b={args.batch} ctx={args.context} {record['candidate_label']}: "
+          f"{record['ms_per_token']:.3f} ms/token" + (f", {100 * share:.0f}% of HBM roofline" if share else "")
+          + f"  -> {out}")
     return 0

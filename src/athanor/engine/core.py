@@ -27,10 +27,10 @@ from athanor.engine.config import EngineConfig
 from athanor.engine.graphs import DecodeRunner, StepInputs, check_logits
 from athanor.engine.isolation import ModuleGuard
 from athanor.engine.requests import BadRequest, validate_decode, validate_prefill
-from athanor.model.sampling import sample
 from athanor.engine.watch import ViolationWatch
 from athanor.errors import CandidateError
 from athanor.model import BuildContext, Forward, Model, PrefillBatch
+from athanor.model.sampling import sample
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,11 @@ class Engine:
             status = "error"
             error = str(e) if isinstance(e, CandidateError) else f"candidate {cand.id}: {format_exception(e)}"
         violations = tuple(self.watch.take()) if self.watch else ()
+        # Before _activate's cleanup silently restores them: a candidate that replaced timing or
+        # comparison functions at import or build time is reported, not just undone.
+        replaced = tuple(trajectory.tampered(self)) if status == "ok" else ()
+        if replaced:
+            trajectory.restore_critical()
         if violations:
             status = "violation"
             error = "the candidate tried to leave its sandbox: " + "; ".join(violations) + (
@@ -111,7 +116,8 @@ class Engine:
         self._activate(cand.id, keep_others=req.keep_incumbent)
         self.swap_count += 1
         return p.SwapReply(candidate_id=cand.id, graph_safe=resident.runner.captured, build_s=times["build"],
-                           capture_s=times["capture"], first_step_s=times["first"], total_s=time.perf_counter() - t0)
+                           capture_s=times["capture"], first_step_s=times["first"], total_s=time.perf_counter() - t0,
+                           replaced=replaced)
 
     def _build(self, cand: Candidate, module: ModuleType, times: dict[str, float]) -> Resident:
         build = getattr(module, "build", None)

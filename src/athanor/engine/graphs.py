@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from athanor.model.sampling import sample
 from athanor.errors import CandidateError
 from athanor.model import DecodeBatch, Forward
+from athanor.model.sampling import sample
 
 log = logging.getLogger(__name__)
 

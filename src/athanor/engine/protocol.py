@@ -114,6 +114,43 @@ class ShutdownRequest:
     pass
 
 
+@dataclass(frozen=True)
+class ScriptStep:
+    """One step of a trajectory (the fields of a RunRequest, greedy), plus what the evaluator scores.
+
+    next_tokens: [B] int64, the scripted token after this step's last one (its log-probability is
+    fingerprinted); keep_logits: return this step's full logits too.
+    """
+
+    kind: str
+    tokens: Tensor
+    positions: Tensor
+    slots: Tensor
+    seq_lens: Tensor
+    cu_seqlens: Tensor | None = None
+    next_tokens: Tensor | None = None
+    keep_logits: bool = False
+
+
+@dataclass(frozen=True)
+class TrajectoryRequest:
+    """Run `steps` on each of `candidate_ids`, interleaved per step in a seeded random order, every
+    run timed, poisoned and fingerprinted (see `athanor.engine.trajectory`)."""
+
+    candidate_ids: tuple[str, ...]
+    steps: tuple[ScriptStep, ...]
+    seed: int = 0
+    num_projections: int = 8
+    poison: bool = True
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    """Integrity figures of the worker: weights digest, tampered names, candidate threads, bandwidth."""
+
+    bandwidth: bool = False
+
+
 # -- replies ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class HealthReply:
@@ -154,6 +191,9 @@ class SwapReply:
     first_step_s: float = 0.0
     total_s: float = 0.0
     """Candidate received to graphs captured and first decode step done (worker side)."""
+    replaced: tuple[str, ...] = ()
+    """Guarded functions or namespace entries (timing, comparison, athanor's) the candidate replaced while it
+    was imported, built and first run; the engine has undone them, the evaluator rejects the candidate."""
 
 
 @dataclass(frozen=True)
@@ -188,6 +228,29 @@ class MeasureReply:
     used_graph: bool = False
 
 
+@dataclass(frozen=True)
+class TrajectoryReply:
+    status: Status = "ok"
+    error: str = ""
+    times_s: Tensor | None = None  # [C, S] float64, seconds per step and candidate
+    fingerprints: Tensor | None = None  # [C, R, P + 4] fp32, R = rows of all steps in order
+    tokens: Tensor | None = None  # [C, R] int64 argmax
+    logits: Tensor | None = None  # [C, K, V] fp32, rows of the steps marked keep_logits
+    used_graph: bool = False
+    violations: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ProbeReply:
+    status: Status = "ok"
+    error: str = ""
+    weights_digest: str = ""
+    tampered: tuple[str, ...] = ()
+    foreign_threads: tuple[str, ...] = ()
+    bandwidth_bytes_per_s: float = 0.0
+    resident: tuple[str, ...] = ()
+
+
 REPLY_FOR: dict[type, type] = {
     HealthRequest: HealthReply,
     StatsRequest: StatsReply,
@@ -198,13 +261,15 @@ REPLY_FOR: dict[type, type] = {
     GenerateRequest: GenerateReply,
     MeasureRequest: MeasureReply,
     ShutdownRequest: AckReply,
+    TrajectoryRequest: TrajectoryReply,
+    ProbeRequest: ProbeReply,
 }
 """The reply type of each request type (a synthesized crash reply uses it too)."""
 
 MESSAGE_TYPES: dict[str, type] = {
     cls.__name__: cls
     for cls in (*REPLY_FOR, AckReply, HealthReply, StatsReply, SwapReply, RunReply, GenerateReply,
-                MeasureReply, Candidate, CandidateManifest)
+                MeasureReply, TrajectoryReply, ProbeReply, ScriptStep, Candidate, CandidateManifest)
 }
 
 

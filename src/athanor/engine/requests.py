@@ -15,8 +15,8 @@ from torch import Tensor
 from athanor.engine import protocol as p
 from athanor.engine.config import EngineConfig
 from athanor.engine.graphs import DecodeRunner, StepInputs, check_logits
-from athanor.model.sampling import sample
 from athanor.model import Forward, PrefillBatch
+from athanor.model.sampling import sample
 
 
 class BadRequest(Exception):

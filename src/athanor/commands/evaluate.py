@@ -1,0 +1,113 @@
+"""`athanor evaluate CANDIDATE.py --model M`: run the evaluation cascade and print the verdict.
+
+Exit status: 0 accepted, 1 rejected, 2 error (a user mistake, or the evaluator could not judge).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from athanor.errors import ConfigError
+
+if TYPE_CHECKING:
+    from athanor.evaluate import QualityBudget
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("evaluate", help="verify and time a candidate against an incumbent (the reference by default)")
+    p.add_argument("candidate", help="the candidate's Python source (defines build(model, ctx))")
+    p.add_argument("--model", default="smollm2-135m", help="name, preset, HF directory or .gguf file")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--dtype", default="", help="float32, bfloat16, ... (default: as stored)")
+    p.add_argument("--incumbent", default="", help="the incumbent's source (default: the reference forward)")
+    p.add_argument("--tier", choices=("fast", "slow", "both"), default="fast")
+    p.add_argument("--fast-layers", type=int, default=2, help="layers of the fast tier")
+    p.add_argument("--traffic", default="preset:chat", help="a trace, a saved profile or preset:NAME")
+    p.add_argument("--bitwise", action="store_true", help="demand logits identical to the reference's")
+    p.add_argument("--quality-budget", default="",
+                   help="admit a lossy candidate: 'kl=0.01,ppl=0.02' (mean KL, relative perplexity increase)")
+    p.add_argument("--max-seqs", type=int, default=8)
+    p.add_argument("--max-seq-len", type=int, default=256)
+    p.add_argument("--pairs", type=int, default=60, help="timed decode pairs per shape")
+    p.add_argument("--margin", type=float, default=0.01, help="required speedup beyond 1 (lower CI bound)")
+    p.add_argument("--seed", type=int, default=None, help="seed of inputs and fingerprints (default: fresh)")
+    p.add_argument("--json", default="", help="write the verdict here")
+    p.set_defaults(func=cmd_evaluate)
+
+
+def parse_budget(text: str) -> QualityBudget | None:
+    from athanor.evaluate import QualityBudget
+
+    if not text:
+        return None
+    values: dict[str, float] = {}
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        if key.strip() not in ("kl", "ppl"):
+            raise ConfigError(f"--quality-budget: unknown key {key.strip()!r}; use kl=NUMBER,ppl=NUMBER")
+        try:
+            values[key.strip()] = float(value)
+        except ValueError:
+            raise ConfigError(f"--quality-budget: {part!r} is not KEY=NUMBER") from None
+    default = QualityBudget()
+    return QualityBudget(values.get("kl", default.max_kl), values.get("ppl", default.max_ppl_increase))
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from athanor.engine.candidate import Candidate, baseline_candidate
+    from athanor.evaluate import EvaluateConfig, evaluate_candidate
+
+    path = Path(args.candidate)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such candidate file (give a .py defining build(model, ctx))")
+    if args.pairs < 8 or args.fast_layers < 1 or args.max_seqs < 1:
+        raise ConfigError("--pairs must be at least 8, --fast-layers and --max-seqs at least 1")
+    if args.dtype:
+        import torch
+
+        if not isinstance(getattr(torch, args.dtype, None), torch.dtype):
+            raise ConfigError(f"--dtype {args.dtype}: not a torch dtype (float32, bfloat16, float16)")
+    incumbent = baseline_candidate()
+    if args.incumbent:
+        if not Path(args.incumbent).is_file():
+            raise ConfigError(f"--incumbent {args.incumbent}: no such file")
+        incumbent = Candidate.from_file(args.incumbent)
+    config = EvaluateConfig(model=args.model, device=args.device, dtype=args.dtype, tier=args.tier,
+                            fast_layers=args.fast_layers, traffic=args.traffic, bitwise=args.bitwise,
+                            quality=parse_budget(args.quality_budget), margin=args.margin, max_seqs=args.max_seqs,
+                            max_seq_len=args.max_seq_len, decode_pairs=args.pairs, seed=args.seed)
+    verdict = evaluate_candidate(Candidate.from_file(path), config, incumbent)
+    print(render(verdict.to_dict()))
+    if args.json:
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(verdict.to_dict(), indent=1) + "\n")
+    if verdict.status == "error":
+        return 2
+    return 0 if verdict.accepted else 1
+
+
+def render(v: dict[str, Any]) -> str:
+    head = "ACCEPTED" if v["accepted"] else ("ERROR" if v["status"] == "error" else "REJECTED")
+    lines = [f"{head} at {v['stage']}: {v['reason']}"]
+    s = v["speedup"]
+    if s.get("median") is not None:
+        lines.append(f"  speedup x{s['median']:.3f}  95% CI [{s['ci_low']:.3f}, {s['ci_high']:.3f}]")
+    if v.get("gpu_s_per_1k_requests") is not None:
+        lines.append(f"  projected device-s / 1k requests: {v['gpu_s_per_1k_requests']:.2f} "
+                     f"(incumbent {v['incumbent_gpu_s_per_1k_requests']:.2f})")
+    for tier in v["tiers"]:
+        noise = tier["noise"]
+        if noise.get("median") is not None:
+            lines.append(f"  {tier['tier']} tier ({tier['num_layers']} layers): A/A [{noise['ci_low']:.3f}, "
+                         f"{noise['ci_high']:.3f}]")
+        for m in tier["measurements"]:
+            lines.append(f"    {m['kind']:7s} B={m['batch_size']:<3d} ctx={m['context_len']:<5d} "
+                         f"{1e3 * m['candidate_s']:.3f} ms vs {1e3 * m['incumbent_s']:.3f} ms  "
+                         f"x{m['speedup']['median']:.3f}  weight {m['weight']:.2f}")
+    lines.append(f"  compile {v['compile_s']:.2f}s, evaluation {v['wall_s']:.1f}s; torch {v['versions']['torch']}, "
+                 f"triton {v['versions']['triton'] or '-'}")
+    return "\n".join(lines)

@@ -1,0 +1,278 @@
+"""Scripted, interleaved, timed and fingerprinted runs for the evaluator (`TrajectoryRequest`, `ProbeRequest`).
+
+A trajectory is a fixed script of prefill and decode steps (real text, teacher-forced). Each
+step runs once on every listed resident candidate, in a per-step random order, inside this
+process, so RPC overhead never pollutes a timing and A and B share the machine's state
+(A B / B A ...). Every run is both timed and checked: the candidate cannot tell a timed step
+from a checked one because there is no difference. Per step and candidate:
+
+- outputs are poisoned first (the graph's static output buffers are filled with NaN; in the
+  eager path the tensor a candidate returned is poisoned after it was read), so a candidate
+  that does not write its outputs returns NaN;
+- time from device events on the engine's stream followed by a device-wide synchronise (CUDA),
+  or a clock bound when this module was imported (CPU), so a candidate rebinding
+  `time.perf_counter` or `torch.cuda.Event.elapsed_time` cannot change it;
+- a fingerprint of every logits row: P projections on seeded random unit directions, max,
+  logsumexp and the log-probability of the next scripted token, plus the argmax; full logits
+  only for steps marked `keep_logits`.
+
+`probe` reports what the evaluator checks before and after: a digest of the weights, the
+namespaces a candidate changed (timing and comparison functions included), threads started by
+candidate code, and the device's measured memory bandwidth at the model's working-set size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import random
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from athanor.engine import protocol as p
+from athanor.engine.candidate import MODULE_PREFIX
+from athanor.engine.graphs import check_logits
+from athanor.engine.requests import BadRequest, validate_decode, validate_prefill
+from athanor.model import Model, PrefillBatch
+
+if TYPE_CHECKING:
+    from athanor.engine.core import Engine, Resident
+
+# Bound at import, before any candidate runs: rebinding the module attributes later changes nothing here.
+_clock = time.perf_counter
+_Event = torch.cuda.Event
+_elapsed_ms = torch.cuda.Event.elapsed_time
+_cuda_sync = torch.cuda.synchronize
+
+
+def _critical() -> dict[str, Any]:
+    """Timing and comparison functions a cheating candidate would want to replace."""
+    import torch.testing
+
+    names = {
+        "time.perf_counter": time.perf_counter, "time.perf_counter_ns": time.perf_counter_ns,
+        "time.monotonic": time.monotonic, "time.monotonic_ns": time.monotonic_ns, "time.time": time.time,
+        "time.process_time": time.process_time,
+        "torch.cuda.Event": torch.cuda.Event, "torch.cuda.synchronize": torch.cuda.synchronize,
+        "torch.allclose": torch.allclose, "torch.equal": torch.equal, "torch.isclose": torch.isclose,
+        "torch.testing.assert_close": torch.testing.assert_close,
+        "torch.matmul": torch.matmul, "torch.nn.functional.linear": torch.nn.functional.linear,
+    }
+    for attr in ("elapsed_time", "record", "synchronize", "query"):
+        names[f"torch.cuda.Event.{attr}"] = vars(torch.cuda.Event).get(attr)
+    for attr in ("__eq__", "__ne__", "__sub__", "abs", "max", "float", "copy_", "fill_", "clone", "allclose",
+                 "equal", "__matmul__"):
+        names[f"torch.Tensor.{attr}"] = getattr(torch.Tensor, attr)
+    return names
+
+
+_CRITICAL = _critical()
+
+
+def _resolve(path: str) -> Any:
+    parts = path.split(".")
+    obj: Any = {"time": time, "torch": torch}[parts[0]]
+    for i, part in enumerate(parts[1:], start=1):
+        if isinstance(obj, type) and i == len(parts) - 1:
+            return vars(obj).get(part, getattr(obj, part, None))
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def tampered(engine: Engine) -> list[str]:
+    """Names of guarded functions or namespace entries that differ from the snapshot (no restore)."""
+    changed = [name for name, obj in _CRITICAL.items() if _resolve(name) is not obj]
+    guard = engine.guard
+    if guard is not None:
+        for name, (module, saved) in guard._modules.items():
+            current = vars(module)
+            changed += [f"{name}.{k}" for k, v in saved.items() if k in current and current[k] is not v]
+        for cls, saved in guard._classes:
+            current_cls = vars(cls)
+            changed += [f"{cls.__module__}.{cls.__qualname__}.{k}" for k, v in saved.items()
+                        if k in current_cls and current_cls[k] is not v]
+    return sorted(set(changed))
+
+
+def restore_critical() -> None:
+    """Put back the timing and comparison functions of `_CRITICAL` (those outside the ModuleGuard's view)."""
+    for name, obj in _CRITICAL.items():
+        if obj is None or _resolve(name) is obj:
+            continue
+        owner_path, _, attr = name.rpartition(".")
+        owner = _resolve(owner_path) if "." in owner_path else {"time": time, "torch": torch}[owner_path]
+        with contextlib.suppress(AttributeError, TypeError):  # read-only slots of builtin types
+            setattr(owner, attr, obj)
+
+
+def foreign_threads() -> list[str]:
+    """Live threads whose code comes from a candidate module."""
+    out = []
+    for t in threading.enumerate():
+        target = getattr(t, "_target", None)
+        origin = getattr(target, "__module__", None) or type(t).__module__ or ""
+        if origin.startswith(MODULE_PREFIX) or type(t).__module__.startswith(MODULE_PREFIX):
+            out.append(f"{t.name} ({origin})")
+    return out
+
+
+def weights_digest(model: Model, chunk: int = 1 << 24) -> str:
+    """sha256 over every weight's name, dtype, shape and two exact integer checksums of its bits.
+
+    Computed on the device (a copy of 2.5 GB to the host per check would cost more than the check).
+    """
+    h = hashlib.sha256()
+    int_of = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    for name in sorted(model.weights):
+        t = model.weights[name].detach()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        flat = t.contiguous().reshape(-1).view(int_of[t.element_size()])
+        plain = weighted = 0
+        for start in range(0, flat.numel(), chunk):
+            x = flat[start:start + chunk].to(torch.int64)
+            idx = torch.arange(start, start + x.numel(), dtype=torch.int64, device=x.device)
+            plain += int(x.sum())
+            weighted += int((x * ((idx * 2654435761) % 2147483647 + 1)).sum())
+        h.update(f"{plain}:{weighted};".encode())
+    return h.hexdigest()
+
+
+def bandwidth(device: torch.device, nbytes: int, reps: int = 5) -> float:
+    """Best copy bandwidth (bytes read + written per second) over a buffer of `nbytes` (the working set)."""
+    n = max(nbytes, 1 << 20) // 4
+    src = torch.ones(n, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(reps):
+        if device.type == "cuda":
+            _cuda_sync(device)
+        t = _clock()
+        dst.copy_(src)
+        if device.type == "cuda":
+            _cuda_sync(device)
+        best = min(best, _clock() - t)
+    return 2 * n * 4 / max(best, 1e-9)
+
+
+def probe(engine: Engine, req: p.ProbeRequest) -> p.ProbeReply:
+    bw = bandwidth(engine.device, engine.model.nbytes()) if req.bandwidth else 0.0
+    return p.ProbeReply(weights_digest=weights_digest(engine.model), tampered=tuple(tampered(engine)),
+                        foreign_threads=tuple(foreign_threads()), bandwidth_bytes_per_s=bw,
+                        resident=tuple(engine.residents))
+
+
+def _projection(vocab: int, num: int, seed: int, device: torch.device) -> Tensor:
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    r = torch.randn(vocab, num, generator=gen, dtype=torch.float32)
+    return (r / r.norm(dim=0, keepdim=True)).to(device)  # [V, P]
+
+
+def _fingerprint(logits: Tensor, proj: Tensor, next_tokens: Tensor | None) -> tuple[Tensor, Tensor]:
+    """([B, P + 4] fp32, argmax [B]) of logits [B, V]: projections, max, logsumexp, log p(next), top-2 margin."""
+    x = logits.float()
+    lse = torch.logsumexp(x, dim=-1)
+    if next_tokens is not None:
+        logprob = x.gather(1, next_tokens.view(-1, 1)).squeeze(1) - lse
+    else:
+        logprob = torch.full_like(lse, float("nan"))
+    top2 = x.topk(2, dim=-1).values
+    feats = torch.cat([x @ proj, top2[:, :1], lse[:, None], logprob[:, None], (top2[:, 0] - top2[:, 1])[:, None]],
+                      dim=1)
+    return feats, x.argmax(dim=-1)
+
+
+def _as_run(step: p.ScriptStep) -> p.RunRequest:
+    b = int(step.slots.shape[0])
+    return p.RunRequest(step.kind, step.tokens, step.positions, step.slots, step.seq_lens,
+                        torch.zeros(b), torch.ones(b), torch.zeros(b, dtype=torch.long), cu_seqlens=step.cu_seqlens)
+
+
+def _poison(resident: Resident) -> None:
+    for _graph, out_tokens, out_logits in resident.runner._graphs.values():
+        out_logits.fill_(float("nan"))
+        out_tokens.fill_(-1)
+
+
+def _run_one(engine: Engine, resident: Resident, x: Any, kind: str) -> tuple[Tensor, bool]:
+    if kind == "decode":
+        _, logits, used_graph = resident.runner.step(x)
+        return logits, used_graph
+    batch: PrefillBatch = x[0]
+    out = check_logits(resident.forward.prefill(batch), batch.num_seqs, engine.model.spec.vocab_size, "prefill()")
+    return out, False
+
+
+def run_trajectory(engine: Engine, req: p.TrajectoryRequest) -> p.TrajectoryReply:
+    try:
+        residents = [engine._resident(cid) for cid in req.candidate_ids]
+        if not residents or not req.steps:
+            raise BadRequest("trajectory: needs at least one candidate and one step")
+        cfg, vocab, device = engine.config, engine.model.spec.vocab_size, engine.device
+        inputs: list[Any] = []
+        for step in req.steps:
+            run = _as_run(step)
+            if step.kind == "decode":
+                inputs.append(validate_decode(run, cfg, vocab, device))
+            elif step.kind == "prefill":
+                inputs.append(validate_prefill(run, cfg, vocab, device))
+            else:
+                raise BadRequest(f"trajectory: step kind must be decode or prefill, not {step.kind!r}")
+    except BadRequest as e:
+        return p.TrajectoryReply(status="invalid", error=str(e))
+    proj = _projection(vocab, req.num_projections, req.seed, device)
+    nexts = [s.next_tokens.to(device) if s.next_tokens is not None else None for s in req.steps]
+    order = random.Random(req.seed)
+    num_c, num_s = len(residents), len(req.steps)
+    times = torch.zeros(num_c, num_s, dtype=torch.float64)
+    feats: list[list[Tensor]] = [[] for _ in residents]
+    argmax: list[list[Tensor]] = [[] for _ in residents]
+    kept: list[list[Tensor]] = [[] for _ in residents]
+    used_graph = False
+    cuda = device.type == "cuda"
+    current = "?"
+    try:
+        with engine._armed():
+            for s, (step, x) in enumerate(zip(req.steps, inputs, strict=True)):
+                for c in order.sample(range(num_c), num_c):
+                    resident = residents[c]
+                    current = resident.candidate.id
+                    if req.poison:
+                        _poison(resident)
+                    if cuda:
+                        start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+                        _cuda_sync(device)
+                        start.record()
+                        logits, graph = _run_one(engine, resident, x, step.kind)
+                        end.record()
+                        _cuda_sync(device)  # every stream, not only the engine's
+                        times[c, s] = _elapsed_ms(start, end) / 1000
+                    else:
+                        t = _clock()
+                        logits, graph = _run_one(engine, resident, x, step.kind)
+                        times[c, s] = _clock() - t
+                    used_graph |= graph
+                    f, a = _fingerprint(logits, proj, nexts[s])
+                    feats[c].append(f.cpu())
+                    argmax[c].append(a.cpu())
+                    if step.keep_logits:
+                        kept[c].append(logits.float().cpu().clone())  # a copy: the original is poisoned below
+                    if req.poison and not graph:
+                        logits.fill_(float("nan"))  # a candidate that hands back the same buffer unwritten shows NaN
+    except Exception as e:
+        from athanor.engine.candidate import format_exception
+        from athanor.engine.core import exit_if_device_broken
+
+        exit_if_device_broken(e)
+        return p.TrajectoryReply(status="error", error=f"candidate {current}: {format_exception(e)}")
+    violations = tuple(engine.watch.take()) if engine.watch else ()
+    logits_out = torch.stack([torch.cat(k) for k in kept]) if kept[0] else None
+    return p.TrajectoryReply(
+        status="violation" if violations else "ok",
+        error="the candidate tried to leave its sandbox: " + "; ".join(violations) if violations else "",
+        times_s=times, fingerprints=torch.stack([torch.cat(f) for f in feats]),
+        tokens=torch.stack([torch.cat(a) for a in argmax]), logits=logits_out, used_graph=used_graph,
+        violations=violations)

@@ -1,0 +1,30 @@
+"""The gate every candidate passes: static checks, correctness against the reference, honest timing.
+
+The compile loop calls `Evaluator(EvaluateConfig(...)).evaluate(candidate, incumbent) -> Verdict`
+(engines kept across calls) or `evaluate_candidate(candidate, config, incumbent)` for one-off use.
+Modules, in the order of the cascade (DESIGN.md, "Evaluation cascade"):
+- `static_checks`: the source's imports and constructs;
+- `scripts`: fresh real-text step scripts that every check and timing runs on;
+- `correctness`: tolerance per dtype, greedy agreement, `--bitwise`, the quality budget;
+- `timing`: paired ratios, bootstrap interval, A/A floor, physical limit, the decision;
+- `objective`: GPU-seconds per 1,000 requests from the traffic's workload, tier projection;
+- `cascade` / `engines`: the stages, the candidate and reference engine workers;
+- `lock`: the device lock; `verdict`: `Verdict`, `Measurement`.
+"""
+
+from athanor.evaluate.cascade import Evaluator, evaluate_candidate
+from athanor.evaluate.config import EvaluateConfig, StageTimeouts
+from athanor.evaluate.correctness import QualityBudget
+from athanor.evaluate.verdict import Measurement, Speedup, TierResult, Verdict
+
+__all__ = [
+    "EvaluateConfig",
+    "Evaluator",
+    "Measurement",
+    "QualityBudget",
+    "Speedup",
+    "StageTimeouts",
+    "TierResult",
+    "Verdict",
+    "evaluate_candidate",
+]

@@ -1,0 +1,301 @@
+"""The evaluation cascade: static -> smoke -> correctness -> integrity -> timing (fast tier) -> slow tier.
+
+`Evaluator.evaluate(candidate, incumbent)` returns a `Verdict`; a candidate that fails is a
+verdict, never an exception. Every run on the candidate engine is the same request: a script
+run interleaved on (incumbent, candidate, incumbent) — so the candidate cannot tell a timing
+from a check — and every run's outputs are compared with the trusted reference engine's on the
+same script, timings included (re-verification after timing). Weights digest, tampered
+namespaces and candidate threads are probed after the checks and again after timing. The whole
+evaluation holds the device lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from athanor.engine import protocol as p
+from athanor.engine.candidate import Candidate, baseline_candidate
+from athanor.evaluate import objective as obj
+from athanor.evaluate import scripts
+from athanor.evaluate.config import EvaluateConfig
+from athanor.evaluate.correctness import Comparison, compare
+from athanor.evaluate.engines import IncumbentFailed, ReferenceFailed, TierEngines
+from athanor.evaluate.lock import device_lock
+from athanor.evaluate.static_checks import check_source
+from athanor.evaluate.timing import (
+    ShapeTimes,
+    decide,
+    impossible,
+    objective_speedup,
+    physical_floor_s,
+    speedup_interval,
+    step_time,
+    too_noisy,
+)
+from athanor.evaluate.verdict import Measurement, Speedup, TierResult, Verdict
+from athanor.model import ModelSpec
+from athanor.traffic import Workload
+
+log = logging.getLogger(__name__)
+
+
+class Rejected(Exception):
+    """A stage failed: carries the stage and the one-line reason (internal control flow)."""
+
+    def __init__(self, stage: str, reason: str, status: str = "rejected") -> None:
+        super().__init__(reason)
+        self.stage, self.reason, self.status = stage, reason, status
+
+
+def versions() -> dict[str, str]:
+    try:
+        import triton
+
+        triton_version = str(triton.__version__)
+    except ImportError:
+        triton_version = ""
+    return {"torch": torch.__version__, "triton": triton_version}
+
+
+def model_spec(name: str) -> ModelSpec:
+    """The full model's spec (presets without loading weights)."""
+    from athanor.model.presets import PRESETS
+
+    preset = name.removeprefix("random:").partition("@")[0]
+    if preset in PRESETS:
+        return PRESETS[preset]
+    from athanor.model.registry import load_model
+
+    return load_model(name).spec
+
+
+@dataclass
+class _Run:
+    """Mutable bookkeeping of one evaluation."""
+
+    stages: list[tuple[str, float]] = field(default_factory=list)
+    tiers: list[TierResult] = field(default_factory=list)
+    compile_s: float = 0.0
+    stage: str = "static"
+    t: float = field(default_factory=time.perf_counter)
+
+    def enter(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.stages.append((self.stage, now - self.t))
+        self.stage, self.t = stage, now
+
+
+class Evaluator:
+    """Engines per tier, kept across evaluations (a swap is seconds, a cold start is not)."""
+
+    def __init__(self, config: EvaluateConfig) -> None:
+        self.config = config
+        self.spec = model_spec(config.model)
+        self.dtype = getattr(torch, config.dtype) if config.dtype else torch.float32
+        self.dtype_bytes = torch.empty(0, dtype=self.dtype).element_size()
+        self._engines: dict[str, TierEngines] = {}
+        self._workload: Workload | None = None
+        self._last = p.TrajectoryReply()
+
+    def workload(self) -> Workload:
+        if self._workload is None:
+            from athanor.traffic import load_profile, workload_from_profile
+
+            self._workload = workload_from_profile(load_profile(self.config.traffic))
+        return self._workload
+
+    def num_layers(self, tier: str) -> int:
+        return self.spec.num_layers if tier == "slow" else min(self.config.fast_layers, self.spec.num_layers)
+
+    def engines(self, tier: str) -> TierEngines:
+        if tier not in self._engines:
+            engines = TierEngines(self.config, self.num_layers(tier))
+            engines.start()
+            self._engines[tier] = engines
+        return self._engines[tier]
+
+    def close(self) -> None:
+        for engines in self._engines.values():
+            engines.close()
+        self._engines.clear()
+
+    def __enter__(self) -> Evaluator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the cascade ------------------------------------------------------------------------------
+    def evaluate(self, candidate: Candidate, incumbent: Candidate | None = None) -> Verdict:
+        incumbent = incumbent or baseline_candidate()
+        run = _Run()
+        cfg = self.config
+        try:
+            if cfg.static_checks:
+                findings = check_source(candidate.source)
+                if findings:
+                    raise Rejected("static", f"{findings[0]}" + (f" (+{len(findings) - 1} more)" if len(findings) > 1
+                                                                 else ""))
+            if candidate.id == incumbent.id:
+                raise Rejected("static", "the candidate's source is the incumbent's")
+            with device_lock(cfg.device):
+                for tier in cfg.tiers():
+                    run.tiers.append(self._tier(tier, candidate, incumbent, run))
+            last = run.tiers[-1]
+            decision = decide(last.speedup, last.noise, cfg.margin)
+            run.enter("accepted" if decision.accepted else run.stage)
+            return self._verdict(candidate, incumbent, run, decision.accepted, run.stage, decision.reason,
+                                 "accepted" if decision.accepted else "rejected")
+        except Rejected as r:
+            run.enter(r.stage)
+            return self._verdict(candidate, incumbent, run, False, r.stage, r.reason, r.status)
+        except (IncumbentFailed, ReferenceFailed, TimeoutError) as e:
+            run.enter(run.stage)
+            return self._verdict(candidate, incumbent, run, False, run.stage, str(e), "error")
+
+    def _verdict(self, candidate: Candidate, incumbent: Candidate, run: _Run, accepted: bool, stage: str, reason: str,
+                 status: str) -> Verdict:
+        last = run.tiers[-1] if run.tiers else None
+        return Verdict(
+            candidate_id=candidate.id, incumbent_id=incumbent.id, accepted=accepted, stage=stage, reason=reason,
+            status=status, speedup=last.speedup if last else Speedup(),
+            gpu_s_per_1k_requests=last.candidate_gpu_s_per_1k if last else float("nan"),
+            incumbent_gpu_s_per_1k_requests=last.incumbent_gpu_s_per_1k if last else float("nan"),
+            tiers=tuple(run.tiers), compile_s=run.compile_s, wall_s=sum(s for _, s in run.stages),
+            stages=tuple(run.stages), model=self.config.model, device=self.config.device, versions=versions())
+
+    def _tier(self, tier: str, candidate: Candidate, incumbent: Candidate, run: _Run) -> TierResult:
+        cfg, t = self.config, self.config.timeouts
+        seed = cfg.seed if cfg.seed is not None else secrets.randbits(31)
+        text = scripts.TextSource(self.spec.vocab_size, seed)
+        run.enter("smoke")
+        engines = self.engines(tier)
+        swap = engines.load(incumbent, candidate, t.swap_s)
+        tainted = False
+        try:
+            if swap.status != "ok":
+                raise Rejected("smoke", f"{swap.status}: {_first(swap.error)}")
+            if swap.replaced:
+                raise Rejected("smoke", "the candidate replaced functions of torch, athanor or time: "
+                                        + ", ".join(swap.replaced[:5]))
+            run.compile_s += swap.build_s + swap.capture_s + swap.first_step_s
+            ids = (incumbent.id, candidate.id, incumbent.id)
+            self._checked(engines, ids, scripts.smoke_script(text), seed, t.smoke_s, "smoke")
+            run.enter("correctness")
+            check = self._checked(engines, ids, scripts.check_script(text, cfg.max_seqs, cfg.max_seq_len), seed + 1,
+                                  t.check_s, "correctness")
+            run.enter("integrity")
+            tainted = self._integrity(engines, "integrity")
+            run.enter("timing" if tier == "fast" else "slow")
+            result = self._time(tier, engines, ids, text, seed + 2, run.stage)
+            tainted = self._integrity(engines, run.stage)
+            from dataclasses import replace
+
+            assert check is not None
+            return replace(result, max_abs_err=check.max_abs_err, greedy_agreement=check.greedy_agreement,
+                           kl=check.kl, ppl_change=check.ppl_change)
+        except Rejected as r:
+            tainted = tainted or r.stage in ("integrity", "timing", "slow")
+            raise
+        finally:
+            engines.unload(incumbent, candidate, tainted or swap.status != "ok" or bool(swap.replaced))
+
+    def _checked(self, engines: TierEngines, ids: tuple[str, ...], script: scripts.Script, seed: int,
+                 timeout_s: float, stage: str) -> Comparison | None:
+        """Run `script` on the candidate engine and the reference; Rejected unless the candidate matches."""
+        reply = engines.run(ids, script, seed, timeout_s)
+        if reply.status != "ok":
+            raise Rejected(stage, f"{reply.status}: {_first(reply.error)}")
+        if stage == "smoke":  # runs and returns finite [B, vocab] logits; matching is the next stage's
+            assert reply.fingerprints is not None
+            if not bool(torch.isfinite(reply.fingerprints[1, :, :-2]).all()):
+                raise Rejected(stage, "the outputs hold NaN or infinity")
+            return None
+        ref = engines.run_reference(script, seed, timeout_s)
+        cmp = compare(reply, ref, 1, self.dtype, bitwise=self.config.bitwise, quality=self.config.quality)
+        if not cmp.ok:
+            when = " (outputs produced while timing)" if stage in ("timing", "slow") else ""
+            raise Rejected(stage, cmp.reason + when)
+        self._last = reply
+        return cmp
+
+    def _integrity(self, engines: TierEngines, stage: str) -> bool:
+        probe = engines.probe()
+        if probe.weights_digest != engines.reference_digest:
+            raise Rejected(stage, "the candidate modified the model's weights (digest differs from the reference "
+                                  "engine's)")
+        if probe.tampered:
+            raise Rejected(stage, "the candidate replaced functions of torch, athanor or time: "
+                                  + ", ".join(probe.tampered[:5]))
+        if probe.foreign_threads:
+            raise Rejected(stage, "the candidate started threads: " + ", ".join(probe.foreign_threads[:3]))
+        return False
+
+    def _time(self, tier: str, engines: TierEngines, ids: tuple[str, ...], text: scripts.TextSource, seed: int,
+              stage: str) -> TierResult:
+        cfg = self.config
+        n, full = engines.num_layers, self.spec.num_layers
+        shapes = obj.choose_shapes(self.workload(), self.spec, cfg.max_seqs, cfg.max_seq_len, cfg.decode_pairs,
+                                   self.dtype_bytes, cfg.max_decode_shapes, cfg.max_prefill_shapes)
+        for attempt in range(cfg.max_attempts):
+            times: dict[obj.StepShape, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+            for k, shape in enumerate(shapes):
+                if shape.kind == "decode":
+                    script = scripts.decode_script(text, shape, cfg.decode_pairs, cfg.warmup, cfg.max_seq_len)
+                else:
+                    script = scripts.prefill_script(text, shape, cfg.prefill_pairs, cfg.warmup, cfg.max_seqs)
+                self._checked(engines, ids, script, seed + 7 * k + 1000 * attempt, cfg.timeouts.timing_s, stage)
+                assert self._last.times_s is not None
+                per = self._last.times_s.numpy()[:, list(script.timed)]
+                times[shape] = (per[0], per[1], per[2])
+            result = self._figures(tier, times, n, full, engines.bandwidth)
+            if not too_noisy(result.noise, cfg.noise_limit):
+                break
+            log.warning("A/A interval [%.3f, %.3f] is wider than ±%.0f%%: the machine was busy; measuring again",
+                        result.noise.ci_low, result.noise.ci_high, 100 * cfg.noise_limit)
+        else:
+            raise Rejected(stage, f"too noisy to judge: the A/A interval stayed wider than ±{100 * cfg.noise_limit:.0f}%"
+                                  f" ({cfg.max_attempts} attempts)", status="error")
+        for m in result.measurements:
+            if impossible(m.candidate_s, m.floor_s, cfg.physical_slack):
+                raise Rejected(stage, f"impossibly fast: {m.kind} step of {1e3 * m.candidate_s:.3f} ms beats the "
+                                      f"physical limit {1e3 * m.floor_s:.3f} ms (bytes / measured bandwidth)")
+        return result
+
+    def _figures(self, tier: str, times: dict[obj.StepShape, tuple[np.ndarray, np.ndarray, np.ndarray]], n: int,
+                 full: int, bandwidth: float) -> TierResult:
+        spec, eb = self.spec, self.dtype_bytes
+        factor = {s: obj.projection_factor(spec, n, full, s, eb) for s in times}
+        inc_full = {s: step_time(a) * factor[s] for s, (a, _, _) in times.items()}
+        cand_full = {s: step_time(b) * factor[s] for s, (_, b, _) in times.items()}
+        inc_total, share = obj.price(self.workload(), spec, inc_full, full, eb)
+        cand_total, _ = obj.price(self.workload(), spec, cand_full, full, eb)
+        measurements = []
+        for s, (a, b, _) in times.items():
+            if s.kind == "decode":
+                floor_bytes = obj.decode_bytes(spec, n, s.batch_size, s.context_len, eb)
+            else:
+                floor_bytes = obj.head_bytes(spec, eb) + n * obj.layer_weight_bytes(spec, eb)
+            measurements.append(Measurement(
+                s.kind, s.batch_size, s.tokens, s.context_len, n, step_time(b), step_time(a),
+                speedup_interval(a, b), share[s] / max(inc_total, 1e-12), physical_floor_s(floor_bytes, bandwidth)))
+        speedup = objective_speedup([ShapeTimes(tuple(a), tuple(b), share[s]) for s, (a, b, _) in times.items()])
+        noise = objective_speedup([ShapeTimes(tuple(a), tuple(c), share[s]) for s, (a, _, c) in times.items()])
+        return TierResult(tier, n, tuple(measurements), speedup, noise, cand_total, inc_total)
+
+
+def _first(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "(no message)"
+
+
+def evaluate_candidate(candidate: Candidate, config: EvaluateConfig, incumbent: Candidate | None = None) -> Verdict:
+    """Evaluate one candidate with engines started for it and stopped after (see `Evaluator` to reuse them)."""
+    with Evaluator(config) as evaluator:
+        return evaluator.evaluate(candidate, incumbent)

@@ -1,0 +1,79 @@
+"""The device lock: measurements on one device never overlap, and timing on CPU pins threads.
+
+A timing taken while another engine, agent or compile uses the same device is noise, so every
+athanor process that times or compiles on a device holds that device's lock: an `fcntl.flock`
+on a file in the cache directory (`~/.cache/athanor/locks/<device>.lock`). The kernel releases
+it when the holder dies, so a crashed evaluator never wedges the others. Other athanor
+processes wait on the same lock (`device_lock(device)`); the lock is advisory, and non-athanor
+processes are not held.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def lock_dir() -> Path:
+    root = os.environ.get("ATHANOR_CACHE_DIR") or str(Path.home() / ".cache" / "athanor")
+    return Path(root) / "locks"
+
+
+def lock_path(device: str) -> Path:
+    """One lock per physical device: "cuda" and "cuda:0" are the same device; every CPU is "cpu"."""
+    name = device.strip().lower()
+    if name == "cuda":
+        name = "cuda:0"
+    name = "cpu" if name.startswith("cpu") else name
+    return lock_dir() / (re.sub(r"[^a-z0-9_.-]", "_", name) + ".lock")
+
+
+@contextlib.contextmanager
+def device_lock(device: str, timeout_s: float = 3600.0) -> Iterator[float]:
+    """Hold `device` exclusively; yields the seconds waited. TimeoutError after `timeout_s`."""
+    path = lock_path(device)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with open(path, "a+") as f:
+        logged = False
+        while True:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not logged:
+                    log.info("waiting for %s (held by another athanor process)", path)
+                    logged = True
+                if time.monotonic() - t0 > timeout_s:
+                    raise TimeoutError(f"{path}: held by another process for more than {timeout_s:.0f}s") from None
+                time.sleep(0.05)
+        try:
+            f.seek(0)
+            f.truncate()
+            f.write(f"{os.getpid()}\n")
+            f.flush()
+            yield time.monotonic() - t0
+        finally:
+            f.seek(0)
+            f.truncate()  # empty while free: the file names the holder only while it holds the lock
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def timing_threads(device: str) -> int:
+    """Intra-op threads for an engine that is timed on `device`.
+
+    On CPU, one less than the usable cores, at least one: the caller's process and the OS keep a
+    core, and OpenMP threads competing for cores spin and turn timings into noise. On CUDA, 0
+    (torch's default; the host threads only launch graphs).
+    """
+    if not device.startswith("cpu"):
+        return 0
+    return max(1, len(os.sched_getaffinity(0)) - 1)

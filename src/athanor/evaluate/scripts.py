@@ -1,0 +1,144 @@
+"""Step scripts: the fresh, real-text inputs every check and every timing runs on.
+
+A script is a tuple of `ScriptStep`s the engine runs on every listed candidate
+(`TrajectoryRequest`). Tokens come from real text (`athanor.traffic.corpus`, through the
+model's tokenizer; ids are folded into the vocabulary of random-weight presets) at a random
+offset drawn from the evaluator's seed, so no two scripts repeat and nothing can be memoised.
+Decode steps are teacher-forced on the text (each step's `next_tokens` is the token after it,
+whose log-probability gives perplexity); prefill lengths are jittered so a timed prefill length
+is one the candidate has not seen in warm-up.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+import torch
+
+from athanor.engine.protocol import ScriptStep
+from athanor.evaluate.objective import StepShape
+
+log = logging.getLogger(__name__)
+
+
+@cache
+def _corpus_ids() -> tuple[int, ...]:
+    from athanor.traffic.corpus import encoded_sentences
+
+    try:
+        from athanor.model.registry import load_tokenizer
+
+        tokenizer = load_tokenizer()
+        ids = [t for s in encoded_sentences(tokenizer) for t in s]
+    except Exception as e:  # no cached tokenizer: bytes of the text still follow language statistics
+        log.info("no tokenizer for real text (%s); using the corpus' bytes", e)
+        from athanor.traffic.corpus import sentences
+
+        ids = list(" ".join(sentences()).encode())
+    return tuple(ids)
+
+
+class TextSource:
+    """Token ids of real text at seeded random offsets, folded into `vocab_size`."""
+
+    def __init__(self, vocab_size: int, seed: int) -> None:
+        self.ids = np.asarray(_corpus_ids(), dtype=np.int64) % vocab_size
+        self.rng = np.random.default_rng(seed)
+
+    def take(self, n: int) -> list[int]:
+        start = int(self.rng.integers(0, len(self.ids)))
+        reps = (start + n) // len(self.ids) + 1
+        return np.tile(self.ids, reps)[start:start + n].tolist()
+
+
+def _long(values: list[int]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.long)
+
+
+def prefill_step(prompts: list[list[int]], slots: list[int], starts: list[int], next_tokens: list[int],
+                 keep_logits: bool = False) -> ScriptStep:
+    cu = np.cumsum([0] + [len(q) for q in prompts]).tolist()
+    positions = [s + i for q, s in zip(prompts, starts, strict=True) for i in range(len(q))]
+    return ScriptStep("prefill", _long([t for q in prompts for t in q]), _long(positions), _long(slots),
+                      _long(starts), cu_seqlens=_long(cu), next_tokens=_long(next_tokens), keep_logits=keep_logits)
+
+
+def decode_step(tokens: list[int], positions: list[int], slots: list[int], next_tokens: list[int],
+                keep_logits: bool = False) -> ScriptStep:
+    return ScriptStep("decode", _long(tokens), _long(positions), _long(slots), _long(positions),
+                      next_tokens=_long(next_tokens), keep_logits=keep_logits)
+
+
+@dataclass(frozen=True)
+class Script:
+    steps: tuple[ScriptStep, ...]
+    timed: tuple[int, ...]
+    """Indices of the steps whose times price the shape (after warm-up)."""
+
+
+def decode_script(text: TextSource, shape: StepShape, num_steps: int, warmup: int, max_seq_len: int,
+                  keep_every: int = 0) -> Script:
+    """Prefill `batch_size` prompts of about `context_len` tokens, then teacher-forced decode steps;
+    a new round of prompts whenever the slots are full. The first `warmup` decode steps are not timed."""
+    b, steps, timed = shape.batch_size, [], []
+    room = max(2, max_seq_len - shape.context_len - 1)
+    done = 0
+    while done < num_steps + warmup:
+        k = min(room, num_steps + warmup - done)
+        lens = [max(1, shape.context_len - int(text.rng.integers(0, 3))) for _ in range(b)]
+        texts = [text.take(n + k + 1) for n in lens]
+        steps.append(prefill_step([t[:n] for t, n in zip(texts, lens, strict=True)], list(range(b)), [0] * b,
+                                  [t[n] for t, n in zip(texts, lens, strict=True)]))
+        for j in range(k):
+            if done >= warmup:
+                timed.append(len(steps))
+            keep = keep_every > 0 and done % keep_every == 0
+            steps.append(decode_step([t[n + j] for t, n in zip(texts, lens, strict=True)], [n + j for n in lens],
+                                     list(range(b)), [t[n + j + 1] for t, n in zip(texts, lens, strict=True)], keep))
+            done += 1
+    return Script(tuple(steps), tuple(timed))
+
+
+def prefill_script(text: TextSource, shape: StepShape, num_steps: int, warmup: int, num_slots: int) -> Script:
+    """Chunks of about `tokens` new tokens on `context_len` cached ones, each length jittered (mostly
+    unseen in warm-up); the cached part is prefilled first, untimed, in the same slot."""
+    steps, timed = [], []
+    for i in range(num_steps + warmup):
+        slot = i % num_slots
+        chunk = max(1, shape.tokens - int(text.rng.integers(0, max(2, shape.tokens // 4))))
+        ids = text.take(shape.context_len + chunk + 1)
+        if shape.context_len:
+            steps.append(prefill_step([ids[:shape.context_len]], [slot], [0], [ids[shape.context_len]]))
+        if i >= warmup:
+            timed.append(len(steps))
+        steps.append(prefill_step([ids[shape.context_len:shape.context_len + chunk]], [slot], [shape.context_len],
+                                  [ids[shape.context_len + chunk]], keep_logits=i % 4 == 0))
+    return Script(tuple(steps), tuple(timed))
+
+
+def check_script(text: TextSource, max_seqs: int, max_seq_len: int, num_decode: int = 8) -> Script:
+    """The correctness script: several batch sizes and context lengths, a fresh prefill, a continued
+    (chunked) prefill, and decode steps; full logits kept for most steps."""
+    steps: list[ScriptStep] = []
+    for b, ctx in sorted({(1, 5), (min(3, max_seqs), max_seq_len // 4), (max_seqs, max_seq_len // 2)}):
+        ctx = max(2, min(ctx, max_seq_len - num_decode - 2))
+        lens = [max(2, ctx - 2 * i) for i in range(b)]
+        texts = [text.take(n + num_decode + 1) for n in lens]
+        head = [n // 2 for n in lens]  # first half, then the rest as a continued prefill
+        steps.append(prefill_step([t[:h] for t, h in zip(texts, head, strict=True)], list(range(b)), [0] * b,
+                                  [t[h] for t, h in zip(texts, head, strict=True)], keep_logits=True))
+        steps.append(prefill_step([t[h:n] for t, h, n in zip(texts, head, lens, strict=True)], list(range(b)), head,
+                                  [t[n] for t, n in zip(texts, lens, strict=True)], keep_logits=True))
+        for j in range(num_decode):
+            steps.append(decode_step([t[n + j] for t, n in zip(texts, lens, strict=True)], [n + j for n in lens],
+                                     list(range(b)), [t[n + j + 1] for t, n in zip(texts, lens, strict=True)],
+                                     keep_logits=j % 2 == 0))
+    return Script(tuple(steps), tuple(range(len(steps))))
+
+
+def smoke_script(text: TextSource) -> Script:
+    ids = text.take(6)
+    return Script((prefill_step([ids[:4]], [0], [0], [ids[4]]), decode_step([ids[4]], [4], [0], [ids[5]])), (1,))

@@ -1,0 +1,117 @@
+"""The cascade end to end on tiny-dense (CPU): honest candidates judged right, every planted cheat refused."""
+
+from __future__ import annotations
+
+import json
+
+import eval_candidates as c
+import pytest
+
+from athanor.evaluate import Evaluator, Verdict
+
+
+def _show(v: Verdict) -> str:
+    return f"{v.stage}: {v.reason} speedup={v.speedup}"
+
+
+# -- honest candidates -----------------------------------------------------------------------------
+def test_honest_faster_candidate_is_accepted(evaluator: Evaluator) -> None:
+    v = evaluator.evaluate(c.HONEST, incumbent=c.SLOWED)
+    assert v.accepted and v.stage == "accepted", _show(v)
+    assert v.speedup.ci_low > 1.01
+    assert v.gpu_s_per_1k_requests < v.incumbent_gpu_s_per_1k_requests
+    tier = v.tiers[0]
+    assert tier.greedy_agreement == 1.0 and tier.max_abs_err < 1e-3
+    assert {m.kind for m in tier.measurements} == {"decode", "prefill"}
+    json.dumps(v.to_dict())  # serialisable
+    assert Verdict.from_dict(json.loads(json.dumps(v.to_dict()))).accepted
+
+
+def test_reference_is_no_faster_than_itself(evaluator: Evaluator) -> None:
+    v = evaluator.evaluate(c.HONEST, incumbent=c.BASE)
+    assert not v.accepted and v.stage == "timing", _show(v)
+    assert v.speedup.ci_low < 1.01
+    noise = v.tiers[0].noise
+    assert 0.95 < noise.ci_low <= noise.ci_high < 1.05, noise
+
+
+def test_slower_candidate_is_rejected(evaluator: Evaluator) -> None:
+    v = evaluator.evaluate(c.SLOWER, incumbent=c.BASE)
+    assert not v.accepted and v.stage == "timing", _show(v)
+    assert v.speedup.ci_high < 1.0
+
+
+def test_wrong_logits_are_rejected_at_correctness(evaluator: Evaluator) -> None:
+    v = evaluator.evaluate(c.WRONG, incumbent=c.BASE)
+    assert not v.accepted and v.stage == "correctness", _show(v)
+    assert "tolerance" in v.reason
+
+
+def test_identical_source_is_rejected(evaluator: Evaluator) -> None:
+    v = evaluator.evaluate(c.BASE, incumbent=c.BASE)
+    assert not v.accepted and v.stage == "static"
+
+
+# -- one planted cheat per adversarial measure --------------------------------------------------------
+def test_memoising_gains_nothing_on_fresh_inputs(evaluator: Evaluator) -> None:
+    # Fast only when an input repeats; the evaluator never repeats one, so it is as slow as SLOWED.
+    v = evaluator.evaluate(c.MEMO, incumbent=c.SLOWED)
+    assert not v.accepted, _show(v)
+    assert v.stage == "timing"
+
+
+def test_cached_logits_from_a_previous_call_are_caught(evaluator: Evaluator) -> None:
+    v = evaluator.evaluate(c.CACHED, incumbent=c.BASE)
+    assert not v.accepted and v.stage in ("smoke", "correctness"), _show(v)
+
+
+def test_unwritten_outputs_show_the_poison(evaluator: Evaluator) -> None:
+    v = evaluator.evaluate(c.NO_WRITE, incumbent=c.BASE)
+    assert not v.accepted and v.stage == "correctness", _show(v)
+    assert "NaN" in v.reason
+
+
+def test_behaving_differently_when_timed_is_caught_by_reverification(evaluator: Evaluator) -> None:
+    v = evaluator.evaluate(c.TIMING_AWARE, incumbent=c.BASE)
+    assert not v.accepted and v.stage == "timing", _show(v)
+    assert "while timing" in v.reason
+
+
+def test_modified_weights_are_caught(evaluator: Evaluator) -> None:
+    v = evaluator.evaluate(c.WEIGHTS, incumbent=c.BASE)
+    assert not v.accepted and v.stage == "integrity", _show(v)
+    assert "weights" in v.reason
+    # The worker was replaced: the next honest evaluation sees clean weights.
+    assert evaluator.evaluate(c.WRONG, incumbent=c.BASE).stage == "correctness"
+
+
+@pytest.mark.parametrize("cheat", ["PATCH_TIMER", "PATCH_COMPARE"])
+def test_patching_at_import_or_build_is_a_violation(runtime_evaluator: Evaluator, cheat: str) -> None:
+    v = runtime_evaluator.evaluate(getattr(c, cheat), incumbent=c.BASE)
+    assert not v.accepted and v.stage == "smoke", _show(v)
+    assert "replaced" in v.reason
+
+
+def test_patching_while_running_is_caught(runtime_evaluator: Evaluator) -> None:
+    v = runtime_evaluator.evaluate(c.PATCH_AT_RUN, incumbent=c.BASE)
+    # The swap's first step already runs decode: the patch shows at smoke (or at the probe after).
+    assert not v.accepted and v.stage in ("smoke", "integrity"), _show(v)
+    assert "torch.equal" in v.reason
+
+
+def test_threads_are_caught_at_runtime(runtime_evaluator: Evaluator) -> None:
+    v = runtime_evaluator.evaluate(c.THREADS, incumbent=c.BASE)
+    assert not v.accepted and v.stage == "integrity", _show(v)
+    assert "threads" in v.reason
+
+
+def test_network_is_a_violation(runtime_evaluator: Evaluator) -> None:
+    v = runtime_evaluator.evaluate(c.NETWORK, incumbent=c.BASE)
+    assert not v.accepted and v.stage == "smoke", _show(v)
+    assert "network" in v.reason
+
+
+def test_static_stage_refuses_before_running(evaluator: Evaluator) -> None:
+    for cheat in (c.THREADS, c.NETWORK, c.PATCH_TIMER):
+        v = evaluator.evaluate(cheat, incumbent=c.BASE)
+        assert v.stage == "static" and not v.accepted, _show(v)

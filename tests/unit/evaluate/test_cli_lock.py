@@ -1,0 +1,67 @@
+"""`athanor evaluate`: exit status, JSON record, one-line errors; the device lock excludes others."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import time
+from pathlib import Path
+
+import eval_candidates as c
+import pytest
+
+from athanor.cli import main
+from athanor.evaluate.lock import device_lock, lock_path
+
+
+def test_cli_rejects_wrong_candidate_with_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "wrong.py"
+    src.write_text(c.WRONG.source)
+    out = tmp_path / "verdict.json"
+    code = main(["evaluate", str(src), "--model", "tiny-dense", "--max-seqs", "2", "--max-seq-len", "64",
+                 "--pairs", "8", "--json", str(out)])
+    assert code == 1
+    record = json.loads(out.read_text())
+    assert record["accepted"] is False and record["stage"] == "correctness"
+    assert set(record["speedup"]) >= {"median", "ci_low", "ci_high"}
+    assert "gpu_s_per_1k_requests" in record and record["versions"]["torch"]
+    assert "REJECTED at correctness" in capsys.readouterr().out
+
+
+def test_cli_user_mistakes_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["evaluate", str(tmp_path / "missing.py"), "--model", "tiny-dense"]) == 2
+    assert "no such candidate file" in capsys.readouterr().err
+    src = tmp_path / "c.py"
+    src.write_text(c.HONEST.source)
+    assert main(["evaluate", str(src), "--model", "tiny-dense", "--quality-budget", "kld=1"]) == 2
+    assert "--quality-budget" in capsys.readouterr().err
+
+
+def _hold(path_env: str, seconds: float) -> None:
+    import os
+
+    os.environ["ATHANOR_CACHE_DIR"] = path_env
+    with device_lock("cpu"):
+        time.sleep(seconds)
+
+
+def test_device_lock_excludes_other_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ATHANOR_CACHE_DIR", str(tmp_path))
+    assert lock_path("cuda") == lock_path("cuda:0") != lock_path("cpu")
+    holder = multiprocessing.get_context("spawn").Process(target=_hold, args=(str(tmp_path), 1.0))
+    holder.start()
+    while not lock_path("cpu").exists() or not lock_path("cpu").read_text().strip():
+        time.sleep(0.02)
+    with device_lock("cpu") as waited:
+        assert waited > 0.3  # the other process held it
+    holder.join()
+    with pytest.raises(TimeoutError):
+        holder = multiprocessing.get_context("spawn").Process(target=_hold, args=(str(tmp_path), 1.0))
+        holder.start()
+        while not lock_path("cpu").read_text().strip():
+            time.sleep(0.02)
+        try:
+            with device_lock("cpu", timeout_s=0.1):
+                pass
+        finally:
+            holder.join()
