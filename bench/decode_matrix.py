@@ -1,0 +1,156 @@
+"""The decode matrix of issue 7 on one GPU: reference vs best-known candidate, and the reference
+under torch.compile, for llama-3.2-1b, llama-3.1-8b and qwen3-30b-a3b (random weights, bf16;
+qwen3's routing replayed from a profile, not uniform) at batch 1/8/32/128 x context 1k/8k/32k.
+
+Split into parts that each end within 8 minutes (one model per part, loaded once; a part stops
+starting cells after its time budget and records the rest as skipped). A failing cell is
+recorded with its error and the others continue. Usage:
+
+    python bench/decode_matrix.py --list                 # the parts and their cells
+    python bench/decode_matrix.py --part 0               # one part (writes JSON under $OUT)
+    python bench/decode_matrix.py --part all             # every part, one after another
+    python bench/decode_matrix.py --table                # the table of every JSON under $OUT
+
+$OUT defaults to bench/results. Each cell writes decode_<model>_<candidate>_b<B>_c<C>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+BATCHES = (1, 8, 32, 128)
+CONTEXTS = (1024, 8192, 32768)
+COMPILE_BATCHES = (1, 32)
+COMPILE_CONTEXTS = (1024, 32768)
+PART_BUDGET_S = 7 * 60
+"""A part starts no cell after this many seconds (its last cell must still end before 8 minutes)."""
+
+Cell = tuple[str, str, bool, int, int]  # (model, candidate, compile, batch, context)
+
+
+def _grid(model: str, candidate: str, use_compile: bool = False, batches=BATCHES, contexts=CONTEXTS) -> list[Cell]:
+    return [(model, candidate, use_compile, b, c) for b in batches for c in contexts]
+
+
+def _compile_cells(model: str, batches=COMPILE_BATCHES) -> list[Cell]:
+    return _grid(model, "reference", True, batches, COMPILE_CONTEXTS)
+
+
+PARTS: list[list[Cell]] = [
+    _grid("llama-3.2-1b", "reference") + _grid("llama-3.2-1b", "best"),
+    _compile_cells("llama-3.2-1b"),
+    _grid("llama-3.1-8b", "reference"),
+    _grid("llama-3.1-8b", "best"),
+    _compile_cells("llama-3.1-8b", (1,)),
+    _compile_cells("llama-3.1-8b", (32,)),
+    _grid("qwen3-30b-a3b", "best"),
+    _grid("qwen3-30b-a3b", "reference", batches=(1, 8)),
+    _grid("qwen3-30b-a3b", "reference", batches=(32, 128)),
+    _compile_cells("qwen3-30b-a3b", (1,)),
+    _compile_cells("qwen3-30b-a3b", (32,)),
+]
+
+
+def cell_name(cell: Cell) -> str:
+    model, candidate, use_compile, b, c = cell
+    return f"decode_{model}_{candidate}{'+compile' if use_compile else ''}_b{b}_c{c}"
+
+
+def run_part(index: int, out: Path, routing: str | None) -> list[dict[str, Any]]:
+    from athanor.model.registry import load_model
+    from athanor.moves.decode_bench import bench_decode, replay_routing
+
+    cells = PARTS[index]
+    started = time.perf_counter()
+    model_name = cells[0][0]
+    records: list[dict[str, Any]] = []
+    try:
+        model = load_model(model_name, device="cuda", dtype=torch.bfloat16)
+        if model.spec.moe is not None:
+            model, _ = replay_routing(model, routing, max_batch=max(BATCHES))
+    except Exception as e:  # a part that cannot even load its model records that for every cell
+        model = None
+        load_error = f"{type(e).__name__}: {e}"
+    for cell in cells:
+        _, candidate, use_compile, batch, context = cell
+        base = {"benchmark": "decode", "model": model_name, "candidate": candidate, "compile": use_compile,
+                "batch": batch, "context": context, "part": index}
+        if model is None:
+            record = {**base, "status": "error", "error": f"model did not load: {load_error}"}
+        elif time.perf_counter() - started > PART_BUDGET_S:
+            record = {**base, "status": "skipped", "error": f"part {index} ran out of its {PART_BUDGET_S} s budget"}
+        else:
+            t = time.perf_counter()
+            try:
+                record = bench_decode(model_name, batch, context, candidate=candidate, use_compile=use_compile,
+                                      iters=10 if model.spec.moe is not None else 20, min_time_s=0.5,
+                                      routing=routing, model=model)
+                record["part"] = index
+            except Exception as e:  # recorded, and the next cell runs
+                record = {**base, "status": "error", "error": f"{type(e).__name__}: {e}",
+                          "traceback": traceback.format_exc()[-4000:]}
+            record["cell_s"] = time.perf_counter() - t
+        gc.collect()
+        torch.cuda.empty_cache()
+        (out / f"{cell_name(cell)}.json").write_text(json.dumps(record, indent=2) + "\n")
+        records.append(record)
+        print(f"part {index}: {cell_name(cell)}: {record['status']} "
+              f"{record.get('ms_per_token', float('nan')):.3f} ms", file=sys.stderr, flush=True)
+    return records
+
+
+def table(out: Path) -> str:
+    """One line per cell: ms/token and share of roofline, or why there is none."""
+    rows = []
+    for path in sorted(out.glob("decode_*.json")):
+        r = json.loads(path.read_text())
+        label = r["candidate"] + ("+compile" if r.get("compile") else "")
+        if r.get("status") == "ok":
+            share = r.get("roofline_share")
+            what = f"{r['ms_per_token']:9.3f} ms  {100 * share:5.1f}% roofline ({r['roofline_ms']:.3f} ms)" \
+                if share else f"{r['ms_per_token']:9.3f} ms"
+        elif r.get("status") == "does_not_fit":
+            what = f"does not fit: KV {r['kv_cache_bytes'] / 2**30:.1f} GiB, free {r['free_bytes_before'] / 2**30:.1f} GiB"
+        else:
+            what = f"{r.get('status')}: {str(r.get('error', ''))[:80]}"
+        rows.append(f"{r['model']:15s} {label:18s} b={r['batch']:<4d} ctx={r['context']:<6d} {what}")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--part", default=None, help="part index, or 'all'")
+    parser.add_argument("--list", action="store_true", help="print the parts and exit")
+    parser.add_argument("--table", action="store_true", help="print the table of the results under $OUT")
+    parser.add_argument("--routing", default="", help="RoutingProfile JSON for qwen3 (default: Zipf-parametric)")
+    args = parser.parse_args()
+    out = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
+    out.mkdir(parents=True, exist_ok=True)
+    if args.list:
+        for i, cells in enumerate(PARTS):
+            print(f"part {i}: {len(cells)} cells: " + ", ".join(cell_name(c) for c in cells))
+        return 0
+    if args.part is not None:
+        if not torch.cuda.is_available():
+            print("decode_matrix needs a CUDA device", file=sys.stderr)
+            return 2
+        parts = range(len(PARTS)) if args.part == "all" else [int(args.part)]
+        for i in parts:
+            records = run_part(i, out, args.routing or None)
+            (out / f"decode_matrix_part{i}.json").write_text(json.dumps(records, indent=2) + "\n")
+    print(table(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

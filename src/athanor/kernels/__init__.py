@@ -1,0 +1,49 @@
+"""Building blocks of a fast forward pass: Triton kernels, each with a PyTorch fallback.
+
+Every public function here is a *dispatcher*: it runs the Triton kernel (from `jit/`) when
+Triton is importable and the tensors are on CUDA (or `TRITON_INTERPRET=1` is set, which is how
+the CPU tests run the kernels), and the PyTorch fallback otherwise. `impl="torch"` or
+`impl="triton"` forces one. The fallbacks are the numerical reference each kernel is tested
+against; they follow `athanor.model.reference` wherever the reference has the same operation.
+
+Candidates import these (`from athanor.kernels import rms_norm, decode_attention, ...`); the
+package imports without Triton.
+"""
+
+from athanor.kernels.activation import silu_mul
+from athanor.kernels.attention import decode_attention, num_kv_splits
+from athanor.kernels.dispatch import HAS_TRITON, use_triton
+from athanor.kernels.gemv import linear, splitk_linear
+from athanor.kernels.moe import (
+    ExpertGroups,
+    group_by_expert,
+    grouped_mm,
+    has_grouped_mm,
+    moe_experts,
+    route,
+)
+from athanor.kernels.norm import add_rms_norm, rms_norm
+from athanor.kernels.rope import rope, rope_and_cache
+from athanor.kernels.sampling import greedy, sample_top_k_top_p
+
+__all__ = [
+    "HAS_TRITON",
+    "ExpertGroups",
+    "add_rms_norm",
+    "decode_attention",
+    "greedy",
+    "group_by_expert",
+    "grouped_mm",
+    "has_grouped_mm",
+    "linear",
+    "moe_experts",
+    "num_kv_splits",
+    "rms_norm",
+    "rope",
+    "rope_and_cache",
+    "route",
+    "sample_top_k_top_p",
+    "silu_mul",
+    "splitk_linear",
+    "use_triton",
+]

@@ -1,0 +1,99 @@
+"""Decode attention: one new query per sequence against its slot's cached keys and values.
+
+KV layout is the reference's: k_cache, v_cache [num_slots, Hkv, max_seq_len, D] per layer.
+`kv_lens[b]` keys of slot `slots[b]` are attended (positions + 1 once the new token is
+written). The Triton path (split-KV flash-decoding, `jit/attention.py`) has a static grid and
+no host syncs, so it can be captured in a CUDA graph at any context length.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+from athanor.kernels.dispatch import Impl, cdiv, next_pow2, use_triton
+
+BLOCK_N = 64
+"""Keys per tile of the Triton kernel."""
+MAX_SPLITS = 64
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).multi_processor_count)
+    return 8
+
+
+def num_kv_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
+    """Splits of each sequence's keys so that about four programs per SM have work.
+
+    Static in (batch, heads, max_seq_len), so a captured graph keeps its grid; the slice each
+    split covers adapts to the real length inside the kernel.
+    """
+    target = 4 * _num_sms(device)
+    splits = cdiv(target, max(1, batch * num_kv_heads))
+    return max(1, min(splits, MAX_SPLITS, cdiv(max_seq_len, BLOCK_N)))
+
+
+def decode_attention_torch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor,
+                           static: bool = False) -> Tensor:
+    """The reference's grouped-query decode attention over the cache. Returns [B, Hq, D].
+
+    Eagerly it attends up to the longest live context (a host sync); with `static` (or under
+    CUDA-graph capture) over the whole cache with a mask, which torch.compile and graphs need.
+    """
+    b, hq, d = q.shape
+    hkv = k_cache.shape[1]
+    static = static or (q.is_cuda and torch.cuda.is_current_stream_capturing())
+    kv_len = k_cache.shape[2] if static else int(kv_lens.max())
+    keys = k_cache[:, :, :kv_len].index_select(0, slots)  # [B, Hkv, L, D]
+    values = v_cache[:, :, :kv_len].index_select(0, slots)
+    mask = torch.arange(kv_len, device=q.device)[None, :] < kv_lens[:, None]  # [B, L]
+    qg = q.view(b, hkv, hq // hkv, d)
+    scores = (qg @ keys.transpose(-1, -2)).float() * d**-0.5  # [B, Hkv, G, L]
+    scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(values.dtype)
+    return (probs @ values).reshape(b, hq, d)
+
+
+def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor,
+                     num_splits: int | None = None, static: bool = False, impl: Impl = None) -> Tensor:
+    """Attention of one query per sequence over its cached keys. Returns [B, Hq, D] in q's dtype.
+
+    q: [B, Hq, D]; k_cache, v_cache: [num_slots, Hkv, max_seq_len, D]; slots, kv_lens: [B] int64
+    (every kv_lens[b] >= 1). `num_splits` defaults to `num_kv_splits(...)`; `static` makes the
+    PyTorch path sync-free (the Triton path always is). Any strides with a contiguous head_dim work,
+    so a token-major cache [num_slots, max_seq_len, Hkv, D] can be passed as a permuted view.
+    """
+    if not use_triton(q, impl):
+        return decode_attention_torch(q, k_cache, v_cache, slots, kv_lens, static)
+    from athanor.kernels.jit.attention import decode_attention_merge_kernel, decode_attention_split_kernel
+
+    b, hq, d = q.shape
+    hkv, max_len = k_cache.shape[1], k_cache.shape[2]
+    assert d == next_pow2(d) and q.stride(2) == 1 and k_cache.stride(3) == 1
+    assert k_cache.stride() == v_cache.stride()
+    group = hq // hkv
+    splits = num_splits or num_kv_splits(b, hkv, max_len, q.device)
+    o_part = torch.empty((b, hq, splits, d), dtype=torch.float32, device=q.device)
+    lse_part = torch.empty((b, hq, splits), dtype=torch.float32, device=q.device)
+    out = torch.empty((b, hq, d), dtype=q.dtype, device=q.device)
+    if b == 0:
+        return out
+    decode_attention_split_kernel[(b, hkv, splits)](
+        q, k_cache, v_cache, slots, kv_lens, o_part, lse_part,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
+        d**-0.5,
+        GROUP=group, NUM_SPLITS=splits, HEAD_DIM=d, BLOCK_G=max(16, next_pow2(group)), BLOCK_N=BLOCK_N,
+    )
+    decode_attention_merge_kernel[(b, hq)](
+        o_part, lse_part, out,
+        o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
+        out.stride(0), out.stride(1),
+        NUM_SPLITS=splits, BLOCK_S=next_pow2(splits), HEAD_DIM=d,
+    )
+    return out

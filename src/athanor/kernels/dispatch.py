@@ -1,0 +1,69 @@
+"""When a kernel runs in Triton and when it falls back to PyTorch.
+
+Triton is optional: without it every kernel runs its PyTorch fallback. With it, a kernel runs
+in Triton when its tensors are on CUDA, or anywhere when `TRITON_INTERPRET=1` is set (Triton's
+interpreter runs kernels on CPU tensors; the unit tests use it in fp32).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Literal
+
+from torch import Tensor
+
+from athanor.errors import ConfigError
+
+
+def _has_triton() -> bool:
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):  # ValueError: a blocked module (sys.modules["triton"] = None)
+        return False
+
+
+HAS_TRITON = _has_triton()
+"""Whether Triton is installed (it is imported only when a kernel first runs)."""
+
+Impl = Literal["triton", "torch"] | None
+"""A forced implementation, or None to let `use_triton` decide."""
+
+
+def interpreting() -> bool:
+    """True when Triton's CPU interpreter is on (`TRITON_INTERPRET=1`)."""
+    return os.environ.get("TRITON_INTERPRET", "") == "1"
+
+
+def use_triton(t: Tensor, impl: Impl = None) -> bool:
+    """Whether a kernel whose main input is `t` should run its Triton version."""
+    if impl == "torch":
+        return False
+    if impl == "triton":
+        if not HAS_TRITON:
+            raise ConfigError("impl='triton' was asked for, but Triton is not installed (pip install triton)")
+        if interpreting():
+            from athanor.kernels.interpreter import patch_interpreter
+
+            patch_interpreter()
+        return True
+    if impl is not None:
+        raise ConfigError(f"impl must be 'triton', 'torch' or None, not {impl!r}")
+    if not HAS_TRITON:
+        return False
+    if interpreting():
+        from athanor.kernels.interpreter import patch_interpreter
+
+        patch_interpreter()
+        return True
+    return t.is_cuda
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (Triton block sizes must be powers of two)."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for positive ints."""
+    return -(-a // b)

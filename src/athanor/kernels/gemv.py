@@ -1,0 +1,57 @@
+"""Linear layers for decode: cuBLAS, or a Triton split-K skinny GEMM for a handful of rows.
+
+cuBLAS is strong at M >= 16 and at large N; at M = 1..8 on narrow projections its GEMV can leave
+SMs idle, which split-K fixes. Whether it wins is a per-shape, per-device measurement: the
+templates make it a choice (`gemv` option) rather than a rule.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from athanor.kernels.attention import _num_sms
+from athanor.kernels.dispatch import Impl, cdiv, next_pow2, use_triton
+
+MAX_ROWS = 16
+"""Largest row count the split-K path takes; above it `linear` uses cuBLAS."""
+BLOCK_N, BLOCK_K = 64, 128
+
+
+def splitk_linear(x: Tensor, w: Tensor, bias: Tensor | None = None, split_k: int | None = None,
+                  impl: Impl = None) -> Tensor:
+    """x @ w.T (+ bias). x: [M, K] with M <= 16; w: [N, K] row-major. Returns [M, N] in x's dtype."""
+    if not use_triton(x, impl):
+        return F.linear(x, w, bias)
+    from athanor.kernels.jit.gemv import splitk_gemm_kernel
+
+    m, k = x.shape
+    n = w.shape[0]
+    assert m <= MAX_ROWS and w.stride(1) == 1
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    strips = cdiv(n, BLOCK_N)
+    if split_k is None:
+        split_k = max(1, min(cdiv(2 * _num_sms(x.device), strips), k // (4 * BLOCK_K)))
+    k_per_split = cdiv(cdiv(k, split_k), BLOCK_K) * BLOCK_K
+    split_k = cdiv(k, k_per_split)
+    if split_k == 1:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+        o_s0, o_s1 = 0, out.stride(0)
+    else:
+        out = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
+        o_s0, o_s1 = out.stride(0), out.stride(1)
+    splitk_gemm_kernel[(strips, split_k)](
+        x, w, out, m, n, k, k_per_split, x.stride(0), w.stride(0), o_s0, o_s1,
+        BLOCK_M=max(16, next_pow2(m)), BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+    )
+    y = out if split_k == 1 else out.sum(0).to(x.dtype)
+    return y if bias is None else y + bias
+
+
+def linear(x: Tensor, w: Tensor, bias: Tensor | None = None, gemv: str = "cublas") -> Tensor:
+    """x @ w.T (+ bias) with the `gemv` choice: "cublas" (F.linear) or "triton_splitk" for <= 16 rows."""
+    if gemv == "triton_splitk" and x.dim() == 2 and x.shape[0] <= MAX_ROWS and use_triton(x):
+        return splitk_linear(x, w, bias)
+    return F.linear(x, w, bias)

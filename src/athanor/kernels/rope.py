@@ -1,0 +1,75 @@
+"""Rotary position embedding (HF rotate-half layout, as `reference.apply_rope`), and its fusion
+with the decode step's KV-cache write (one kernel instead of rope + two scatter copies)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from athanor.kernels.dispatch import Impl, use_triton
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _apply(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    # x: [N, heads, D]; cos, sin: [N, D]
+    return x * cos[:, None, :] + _rotate_half(x) * sin[:, None, :]
+
+
+def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, impl: Impl = None
+         ) -> tuple[Tensor, Tensor]:
+    """(q, k) rotated by their positions.
+
+    q: [N, Hq, D]; k: [N, Hkv, D] (strided views of a fused QKV output are fine);
+    cos, sin: [max_seq_len, D] tables; positions: [N] int64.
+    """
+    if not use_triton(q, impl):
+        c, s = cos.index_select(0, positions), sin.index_select(0, positions)
+        return _apply(q, c, s), _apply(k, c, s)
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    _launch(q, k, k, cos, sin, positions, positions, q_out, k_out, None, None)
+    return q_out, k_out
+
+
+def rope_and_cache(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, slots: Tensor,
+                   k_cache: Tensor, v_cache: Tensor, impl: Impl = None) -> Tensor:
+    """Rotated q; writes rotated k and v into the caches at [slot, :, position].
+
+    q: [N, Hq, D]; k, v: [N, Hkv, D]; k_cache, v_cache: [num_slots, Hkv, max_seq_len, D];
+    positions, slots: [N] int64.
+    """
+    if not use_triton(q, impl):
+        q, k = rope(q, k, cos, sin, positions, impl="torch")
+        k_cache[slots, :, positions] = k
+        v_cache[slots, :, positions] = v
+        return q
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    _launch(q, k, v, cos, sin, positions, slots, q_out, q_out, k_cache, v_cache)
+    return q_out
+
+
+def _launch(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, slots: Tensor,
+            q_out: Tensor, k_out: Tensor, k_cache: Tensor | None, v_cache: Tensor | None) -> None:
+    from athanor.kernels.jit.rope import rope_kernel
+
+    n, hq, d = q.shape
+    hkv = k.shape[1]
+    assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1, "head_dim must be contiguous"
+    assert cos.is_contiguous() and sin.is_contiguous()
+    write = k_cache is not None
+    kc = k_cache if k_cache is not None else q_out
+    vc = v_cache if v_cache is not None else q_out
+    c_strides = (kc.stride(0), kc.stride(1), kc.stride(2)) if write else (0, 0, 0)
+    if write:
+        assert v_cache is not None and v_cache.stride()[:3] == kc.stride()[:3]
+    if n:
+        rope_kernel[(n, hq + hkv)](
+            q, k, v, cos, sin, positions, slots, q_out, k_out, kc, vc,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1), *c_strides,
+            hq, HALF=d // 2, WRITE_CACHE=write,
+        )

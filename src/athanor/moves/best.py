@@ -1,0 +1,49 @@
+"""The "best known" candidates: renders of the template with the options expected to be fastest.
+
+These are hand-picked starting points for the search, not measured optima: every choice below is
+a kernel or fusion that removes work or launches at decode batch sizes on a Hopper-class GPU.
+`gemv` stays on cuBLAS until `athanor bench decode` shows split-K winning on the device at hand;
+MoE keeps gate and up unfused because fusing copies two thirds of the model's weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from athanor.model import ModelSpec
+from athanor.moves.render import render
+
+BEST_CUDA: dict[str, Any] = {
+    "fused_qkv": True,
+    "fused_gate_up": True,
+    "rmsnorm": "triton",
+    "rope": "triton_fused_cache",
+    "attention": "triton_split_kv",
+    "kv_layout": "head_major",
+    "gemv": "cublas",
+    "silu_mul": "triton",
+    "moe": "triton",
+    "routing": "triton",
+    "compile": None,
+    "graphs": True,
+}
+
+BEST_CPU: dict[str, Any] = {
+    # On CPU Triton does not run (the kernels fall back to torch); only weight fusions pay.
+    "fused_qkv": True,
+    "fused_gate_up": True,
+    "moe": "grouped_mm",
+}
+
+
+def best_options(spec: ModelSpec, device: str = "cuda") -> dict[str, Any]:
+    """The best-known options for a model on a device type ("cuda" or "cpu")."""
+    options = dict(BEST_CUDA if device.startswith("cuda") else BEST_CPU)
+    if spec.moe is not None:
+        options["fused_gate_up"] = False
+    return options
+
+
+def best_candidate(spec: ModelSpec, device: str = "cuda") -> str:
+    """Source of the best-known candidate for `spec` on `device`."""
+    return render("fast", best_options(spec, device))

@@ -1,0 +1,89 @@
+"""The moves: every switch of the template candidate the variant search (or an agent) can flip.
+
+A `Move` names one key of a template's `OPTIONS` dict, the values it may take, the value that
+computes what the reference computes the way the reference does (`baseline`), and what it does
+and when it helps. `athanor.moves.render` substitutes a choice of values into the template.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class Move:
+    """One option of a template candidate."""
+
+    name: str
+    """The OPTIONS key."""
+    values: tuple[Any, ...]
+    """Allowed values (JSON-like literals: bool, str, int, None)."""
+    baseline: Any
+    """The value that does what the reference forward does."""
+    doc: str
+    """What the move does, and when it helps."""
+    applies_to: Literal["all", "dense", "moe"] = "all"
+    """Which models the option changes anything for (others ignore it)."""
+
+    def __post_init__(self) -> None:
+        assert self.baseline in self.values, f"move {self.name}: baseline {self.baseline!r} not in values"
+
+
+MOVES: tuple[Move, ...] = (
+    Move("fused_qkv", (False, True), False,
+         "Concatenate wq, wk, wv (and biases) into one weight in build(): one GEMM instead of three. "
+         "Helps at small batch, where each projection is a separate weight stream and launch; costs a copy "
+         "of the attention weights."),
+    Move("fused_gate_up", (False, True), False,
+         "Concatenate w_gate and w_up (dense MLP, shared expert, and each routed expert) into one weight: one "
+         "GEMM and a strided SiLU-and-multiply. Same trade as fused_qkv; for large MoE the expert copy is "
+         "two thirds of the model's size again, so it is memory-bound in the other sense."),
+    Move("rmsnorm", ("torch", "triton"), "torch",
+         "Triton RMSNorm fused with the residual add before it: one pass over [N, H] instead of four or five "
+         "elementwise kernels. Helps at every batch size during decode; bigger share at small models."),
+    Move("rope", ("torch", "triton", "triton_fused_cache"), "torch",
+         "Rotary embedding in one Triton kernel for q and k; 'triton_fused_cache' also writes k and v into the "
+         "KV cache in the same kernel (decode only), replacing rope's ~10 elementwise ops and two index_put's."),
+    Move("attention", ("torch", "triton_split_kv"), "torch",
+         "Decode attention as Triton split-KV flash-decoding with GQA: reads each slot's keys once, only up to "
+         "its own length, with enough splits to fill the GPU at batch 1. Essential under CUDA graphs, where the "
+         "torch path must attend over the whole max_seq_len cache with a mask."),
+    Move("kv_layout", ("head_major", "token_major"), "head_major",
+         "KV cache storage: [slots, heads, seq, D] (the reference's; each head's keys contiguous, best for "
+         "split-KV reads) or [slots, seq, heads, D] (a token's heads contiguous: cheaper cache writes, "
+         "strided reads)."),
+    Move("gemv", ("cublas", "triton_splitk"), "cublas",
+         "Linear layers with <= 16 rows through a Triton split-K skinny GEMM instead of cuBLAS. Helps where "
+         "cuBLAS' GEMV leaves SMs idle (narrow outputs, batch 1-8); measure per device and shape."),
+    Move("silu_mul", ("torch", "triton"), "torch",
+         "SiLU(gate) * up in one Triton kernel reading the halves of a fused gate|up output in place "
+         "(torch needs two kernels and, for a fused output, strided copies)."),
+    Move("moe", ("loop", "grouped_mm", "triton"), "loop", applies_to="moe",
+         doc="How routed experts run: 'loop' (the reference: per-expert Python loop, host syncs, not "
+             "graph-safe), 'grouped_mm' (pairs sorted by expert, torch._grouped_mm; graph-safe), 'triton' "
+             "(block-aligned grouping + a Triton expert GEMM reading each used expert once per 16 pairs; "
+             "graph-safe). Anything but 'loop' lets the engine capture MoE decode in CUDA graphs."),
+    Move("routing", ("torch", "triton"), "torch", applies_to="moe",
+         doc="Router softmax/sigmoid + top-k + renormalisation in one Triton kernel (torch: ~6 kernels)."),
+    Move("compile", (None, "default", "max-autotune-no-cudagraphs"), None,
+         "torch.compile the decode step (dynamic=False; never 'reduce-overhead': the engine captures graphs). "
+         "Fuses the remaining torch elementwise work; costs compile time per batch bucket (tens of seconds "
+         "for an 8B model), which the objective counts."),
+    Move("graphs", (True, False), True,
+         "Declare decode graph-safe so the engine captures it in CUDA graphs per batch bucket (removes launch "
+         "overhead, dominant at batch 1). Turn off only to debug; ignored when moe='loop'."),
+)
+
+MOVES_BY_NAME: dict[str, Move] = {m.name: m for m in MOVES}
+
+
+def baseline_options() -> dict[str, Any]:
+    """Every option at its baseline value (the reference's computation in the template's code)."""
+    return {m.name: m.baseline for m in MOVES}
+
+
+def search_space(moe: bool) -> dict[str, tuple[Any, ...]]:
+    """The options that change anything for a dense (moe=False) or MoE model, with their values."""
+    wanted = ("all", "moe") if moe else ("all", "dense")
+    return {m.name: m.values for m in MOVES if m.applies_to in wanted}

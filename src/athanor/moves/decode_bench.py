@@ -1,0 +1,225 @@
+"""`athanor bench decode`: per-token decode time of a candidate through the engine's captured path,
+and its share of the HBM roofline.
+
+The model (a preset with random weights, or any name `load_model` takes) is loaded in this
+process into an `Engine` (the worker's state, without its transport), the candidate is swapped
+in with CUDA graphs on and a single bucket equal to the batch, and back-to-back `runner.step`s
+(input copy, graph replay of decode + sampling, output copy: what serving does per step) are
+timed on device events. Every row decodes at position `context`, so attention reads `context`
+keys per row (the KV contents are whatever the cache holds: timing does not depend on them).
+
+Roofline: bytes one step must read (weights, with MoE experts counted as the distinct experts a
+batch activates under the routing profile, plus every row's KV) / the copy bandwidth measured
+once with a large device-to-device copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from athanor.errors import ConfigError
+from athanor.model import Model, ModelSpec
+
+log = logging.getLogger(__name__)
+
+_bandwidth_cache: dict[str, float] = {}
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30, iters: int = 10) -> float:
+    """Bytes/s moved by a large device-to-device copy (read + write counted), measured once per device."""
+    key = str(device)
+    if key not in _bandwidth_cache:
+        src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            dst.copy_(src)
+        end.record()
+        end.synchronize()
+        _bandwidth_cache[key] = 2 * nbytes * iters / (start.elapsed_time(end) / 1000)
+        del src, dst
+        torch.cuda.empty_cache()
+    return _bandwidth_cache[key]
+
+
+def kv_cache_bytes(spec: ModelSpec, num_slots: int, max_seq_len: int, itemsize: int = 2) -> int:
+    """Bytes of a reference-layout KV cache: k and v per layer, [num_slots, Hkv, max_seq_len, D]."""
+    return 2 * spec.num_layers * num_slots * spec.num_kv_heads * max_seq_len * spec.head_dim * itemsize
+
+
+def step_bytes(model: Model, batch: int, context: int, distinct_experts: float | None = None) -> dict[str, int]:
+    """Bytes one decode step must read: weights (embedding rows aside) and the KV of `context` tokens per row."""
+    spec = model.spec
+    itemsize = model.dtype.itemsize
+    weights = 0
+    for name, t in model.weights.items():
+        if name == "embed" and not spec.tie_embeddings:
+            weights += batch * t.shape[1] * itemsize  # only the looked-up rows
+        elif ".experts." in name and spec.moe is not None:
+            used = distinct_experts if distinct_experts is not None else min(spec.moe.num_experts,
+                                                                               batch * spec.moe.top_k)
+            weights += int(t.numel() * itemsize * used / spec.moe.num_experts)
+        else:
+            weights += t.numel() * itemsize
+    kv = 2 * spec.num_layers * batch * spec.num_kv_heads * context * spec.head_dim * itemsize
+    return {"weight_bytes": weights, "kv_bytes": kv, "total_bytes": weights + kv}
+
+
+def candidate_source(candidate: str, spec: ModelSpec, use_compile: bool, device: str) -> tuple[str, str]:
+    """(source, label) for "reference", "best" or a candidate file; `use_compile` sets its compile option."""
+    from athanor.moves.best import best_options
+    from athanor.moves.render import read_options, render, template_source
+
+    if candidate == "reference":
+        if use_compile:  # the reference's computation in the template, under torch.compile
+            return render(template_source("fast"), {"compile": "default"}), "reference+compile"
+        from athanor.engine.candidate import baseline_candidate
+
+        return baseline_candidate().source, "reference"
+    if candidate == "best":
+        options = best_options(spec, device)
+        if use_compile:
+            options["compile"] = "default"
+        return render("fast", options), "best" + ("+compile" if use_compile else "")
+    path = Path(candidate)
+    if not path.is_file():
+        raise ConfigError(f"--candidate {candidate}: no such file (or use 'reference' / 'best')")
+    source = path.read_text()
+    if use_compile:
+        source = render(source, {**read_options(source), "compile": "default"})
+    return source, str(path)
+
+
+def replay_routing(model: Model, profile_path: str | None, max_batch: int) -> tuple[Model, Any]:
+    """`model` with router biases fitted to a routing profile (a JSON file, or Zipf-parametric).
+
+    The fit runs the reference over real English text (the traffic corpus, as UTF-8 bytes: random
+    presets have no tokenizer, and replay needs the token correlations of text, not noise).
+    """
+    import json
+
+    from athanor.traffic.corpus import sentences
+    from athanor.traffic.routing import RoutingProfile, apply_router_bias, fit_router_bias, parametric_routing
+
+    spec, moe = model.spec, model.spec.moe
+    assert moe is not None
+    if profile_path:
+        profile = RoutingProfile.from_dict(json.loads(Path(profile_path).read_text()))
+    else:
+        profile = parametric_routing(spec.num_layers, moe.num_experts, moe.top_k, max_batch=max_batch)
+    texts = [[b + 1 for b in s.encode()][:64] for s in sentences()[:48]]
+    biases = fit_router_bias(model, profile, texts, passes=2, iters=200)
+    return apply_router_bias(model, biases), profile
+
+
+def bench_decode(model_name: str, batch: int, context: int, candidate: str = "reference", use_compile: bool = False,
+                 device: str = "cuda", dtype: str = "bfloat16", iters: int = 50, min_time_s: float = 1.0,
+                 routing: str | None = None, model: Model | None = None) -> dict[str, Any]:
+    """Time one (model, batch, context, candidate) cell; returns its JSON-ready record.
+
+    A cell whose KV cache does not fit next to the weights is returned with `status: "does_not_fit"`.
+    `model` may be passed to reuse loaded weights (already routed for MoE) across cells.
+    """
+    from athanor.engine import protocol as p
+    from athanor.engine.candidate import Candidate
+    from athanor.engine.config import EngineConfig
+    from athanor.engine.core import Engine
+    from athanor.engine.graphs import StepInputs
+    from athanor.model.registry import load_model
+    from athanor.provenance import environment
+
+    if batch < 1 or context < 1:
+        raise ConfigError("--batch and --context must be at least 1")
+    dev = torch.device(device)
+    record: dict[str, Any] = {"benchmark": "decode", "model": model_name, "batch": batch, "context": context,
+                              "candidate": candidate, "compile": use_compile, "dtype": dtype, **environment(device)}
+    profile = None
+    if model is None:
+        model = load_model(model_name, device=dev, dtype=getattr(torch, dtype))
+        if model.spec.moe is not None:
+            model, profile = replay_routing(model, routing, max_batch=max(batch, 1))
+    spec = model.spec
+    distinct = None
+    if spec.moe is not None:
+        if profile is None:
+            from athanor.traffic.routing import parametric_routing
+
+            profile = parametric_routing(spec.num_layers, spec.moe.num_experts, spec.moe.top_k, max_batch=batch)
+        distinct = profile.distinct[min(batch, len(profile.distinct)) - 1]
+        record["routing_source"] = profile.source
+        record["distinct_experts_per_layer"] = distinct
+    max_seq_len = context + 16
+    kv = kv_cache_bytes(spec, batch + 1, max_seq_len, model.dtype.itemsize)
+    record.update(step_bytes(model, batch, context, distinct))
+    record["kv_cache_bytes"] = kv
+    if dev.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(dev)
+        record["free_bytes_before"] = free
+        if kv + (2 << 30) > free:  # 2 GiB for activations, graphs and fused weight copies' headroom
+            record["status"] = "does_not_fit"
+            record["error"] = f"KV cache {kv / 2**30:.1f} GiB > free {free / 2**30:.1f} GiB - 2 GiB"
+            return record
+        record["copy_bandwidth_bytes_s"] = copy_bandwidth(dev)
+    source, label = candidate_source(candidate, spec, use_compile, device)
+    record["candidate_label"] = label
+    with tempfile.TemporaryDirectory(prefix="athanor-bench-decode-") as tmp:
+        config = EngineConfig(model=model_name, device=device, dtype=dtype, max_seqs=batch, max_seq_len=max_seq_len,
+                              buckets=(batch,), scratch_dir=tmp)
+        engine = Engine(config, model)
+        t = time.perf_counter()
+        reply = engine.swap(p.SwapRequest(Candidate.from_source(source, description=label)))
+        record["swap_s"] = time.perf_counter() - t
+        if reply.status != "ok":
+            record["status"] = "error"
+            record["error"] = reply.error[-2000:]
+            return record
+        record["swap"] = dataclasses.asdict(dataclasses.replace(reply, error=""))
+        runner = engine.residents[reply.candidate_id].runner
+        record["used_graph"] = runner.captured
+        rows = torch.arange(batch, device=dev)
+        pos = torch.full((batch,), context, dtype=torch.long, device=dev)
+        x = StepInputs(tokens=rows % 100, positions=pos, slots=rows, seq_lens=pos,
+                       temperature=torch.zeros(batch, device=dev), top_p=torch.ones(batch, device=dev), seeds=rows)
+        times = _time_steps(lambda: runner.step(x), dev, iters, min_time_s)
+        engine._release(engine.residents.pop(reply.candidate_id))
+        engine._cleanup()
+    record["status"] = "ok"
+    record["ms_per_token"] = 1000 * times
+    if "copy_bandwidth_bytes_s" in record:
+        roofline_s = record["total_bytes"] / record["copy_bandwidth_bytes_s"]
+        record["roofline_ms"] = 1000 * roofline_s
+        record["roofline_share"] = roofline_s / times
+    return record
+
+
+def _time_steps(step: Any, dev: torch.device, iters: int, min_time_s: float) -> float:
+    """Seconds per step over at least `iters` back-to-back steps (and at least `min_time_s`)."""
+    for _ in range(3):
+        step()
+    if dev.type != "cuda":
+        t = time.perf_counter()
+        for _ in range(iters):
+            step()
+        return (time.perf_counter() - t) / iters
+    torch.cuda.synchronize(dev)
+    t = time.perf_counter()
+    step()
+    torch.cuda.synchronize(dev)
+    once = max(time.perf_counter() - t, 1e-6)
+    n = max(iters, min(2000, int(min_time_s / once)))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        step()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1000 / n

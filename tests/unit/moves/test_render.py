@@ -1,0 +1,57 @@
+"""Rendering templates: validation, round trip, and the shape of the move catalogue."""
+
+from __future__ import annotations
+
+import pytest
+
+from athanor.errors import ConfigError
+from athanor.model.presets import PRESETS
+from athanor.moves import (
+    MOVES,
+    baseline_options,
+    best_candidate,
+    best_options,
+    read_options,
+    render,
+    search_space,
+    template_source,
+)
+
+
+def test_template_options_are_the_baseline():
+    assert read_options(template_source("fast")) == baseline_options()
+
+
+def test_render_round_trips_and_changes_only_the_block():
+    options = {"fused_qkv": True, "compile": "default", "attention": "triton_split_kv"}
+    source = render("fast", options)
+    assert read_options(source) == {**baseline_options(), **options}
+    template = template_source("fast")
+    assert source.split("# --- end OPTIONS ---")[1] == template.split("# --- end OPTIONS ---")[1]
+    compile(source, "<rendered>", "exec")
+    assert read_options(render(source, {"graphs": False}))["graphs"] is False  # re-render a rendered source
+
+
+@pytest.mark.parametrize("options", [{"no_such_move": True}, {"rmsnorm": "cuda"}, {"fused_qkv": 1},
+                                     {"compile": "reduce-overhead"}])
+def test_render_refuses_unknown_options_and_values(options):
+    with pytest.raises(ConfigError):
+        render("fast", options)
+
+
+def test_unknown_template_is_a_config_error():
+    with pytest.raises(ConfigError, match="unknown template"):
+        render("nope", {})
+
+
+def test_every_move_is_documented_and_in_the_search_space():
+    assert all(len(m.doc) > 40 and len(m.values) >= 2 for m in MOVES)
+    assert set(search_space(moe=True)) == {m.name for m in MOVES}
+    assert "moe" not in search_space(moe=False)
+
+
+def test_best_known_candidates_differ_for_dense_and_moe():
+    dense, moe = PRESETS["llama-3.1-8b"], PRESETS["qwen3-30b-a3b"]
+    assert best_options(dense)["fused_gate_up"] and not best_options(moe)["fused_gate_up"]
+    assert read_options(best_candidate(moe))["moe"] == "triton"
+    assert read_options(best_candidate(dense, "cpu"))["attention"] == "torch"
