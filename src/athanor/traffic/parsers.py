@@ -13,28 +13,38 @@ The format is detected from the first non-empty line or named explicitly:
 
 A malformed row stops the parse with ``file:line: what is wrong`` (a `ConfigError`); with
 ``skip_bad=True`` it is counted in `TraceReader.num_skipped` and skipped.
+
+The file is read in blocks of whole lines (`BLOCK_BYTES`). A block in the released Mooncake
+layout or a plain CSV goes through the vectorised parsers of `fastparse.py` (a million rows in
+seconds); any other block, and any block with a bad row, through the per-row parser here, which
+is the reference the fast paths are tested against. Block hashes travel as one flat array plus
+offsets (`RequestChunk.block_hashes`, `block_offsets`), not as Python lists.
 """
 
 from __future__ import annotations
 
 import csv
 import datetime as dt
+import itertools
 import json
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from athanor.errors import ConfigError
+from athanor.traffic.fastparse import parse_csv, parse_mooncake
 
 log = logging.getLogger(__name__)
 
 FORMATS = ("mooncake", "azure", "burstgpt", "athanor", "openai")
 MOONCAKE_BLOCK_TOKENS = 512
 """Tokens per `hash_ids` block in the Mooncake trace (its README)."""
+BLOCK_BYTES = 4 << 20
+"""Bytes of whole lines parsed at a time: bounds the parse's working memory."""
 CHARS_PER_TOKEN = 4.0
 """OpenAI's rule of thumb for English text, used only when an OpenAI-style log has no `usage`."""
 
@@ -46,13 +56,66 @@ class RequestChunk:
     timestamp_s: np.ndarray  # [N] float64, seconds (absolute or relative to the trace start)
     input_length: np.ndarray  # [N] int64 prompt tokens
     output_length: np.ndarray  # [N] int64 generated tokens
-    hash_ids: list[list[int]] | None = None
-    """Prefix block hashes per request (None when the format has none)."""
+    block_hashes: np.ndarray | None = None
+    """[B] int64: every request's prefix block hashes, concatenated (None when the format has none)."""
+    block_offsets: np.ndarray | None = None
+    """[N+1] int64: request i's blocks are block_hashes[block_offsets[i]:block_offsets[i+1]]."""
     ttft_s: np.ndarray | None = None  # [N] float64, NaN where unknown
     latency_s: np.ndarray | None = None  # [N] float64, NaN where unknown
 
     def __len__(self) -> int:
         return len(self.input_length)
+
+    @property
+    def hash_ids(self) -> list[list[int]] | None:
+        """Prefix block hashes per request, as lists (for small chunks: replay, tests)."""
+        if self.block_hashes is None or self.block_offsets is None:
+            return None
+        flat, off = self.block_hashes.tolist(), self.block_offsets.tolist()
+        return [flat[a:b] for a, b in itertools.pairwise(off)]
+
+    def rows(self, start: int, stop: int) -> RequestChunk:
+        """Requests start..stop-1."""
+        hashes = offsets = None
+        if self.block_hashes is not None and self.block_offsets is not None:
+            a, b = int(self.block_offsets[start]), int(self.block_offsets[stop])
+            hashes, offsets = self.block_hashes[a:b], self.block_offsets[start:stop + 1] - a
+        return RequestChunk(
+            self.timestamp_s[start:stop], self.input_length[start:stop], self.output_length[start:stop], hashes,
+            offsets, None if self.ttft_s is None else self.ttft_s[start:stop],
+            None if self.latency_s is None else self.latency_s[start:stop],
+        )
+
+    @staticmethod
+    def concat(chunks: list[RequestChunk]) -> RequestChunk:
+        def cat(xs: list[np.ndarray | None]) -> np.ndarray | None:
+            arrays = [x for x in xs if x is not None]
+            return np.concatenate(arrays) if len(arrays) == len(xs) else None
+
+        hashes: np.ndarray | None = None
+        offsets: np.ndarray | None = None
+        pairs = [(c.block_hashes, c.block_offsets) for c in chunks]
+        if all(h is not None and o is not None for h, o in pairs):
+            hashes = np.concatenate([h for h, _ in pairs if h is not None])
+            parts, base = [np.zeros(1, dtype=np.int64)], 0
+            for h, o in pairs:
+                assert h is not None and o is not None
+                parts.append(o[1:] + base)
+                base += len(h)
+            offsets = np.concatenate(parts)
+        return RequestChunk(
+            np.concatenate([c.timestamp_s for c in chunks]), np.concatenate([c.input_length for c in chunks]),
+            np.concatenate([c.output_length for c in chunks]), hashes, offsets,
+            cat([c.ttft_s for c in chunks]), cat([c.latency_s for c in chunks]),
+        )
+
+
+def hash_csr(hash_ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(block_hashes, block_offsets) of per-request lists of block hashes."""
+    offsets = np.zeros(len(hash_ids) + 1, dtype=np.int64)
+    np.cumsum([len(h) for h in hash_ids], out=offsets[1:])
+    flat = np.fromiter((x for h in hash_ids for x in h), dtype=np.int64, count=int(offsets[-1]))
+    return flat, offsets
 
 
 def athanor_log_record(
@@ -120,10 +183,25 @@ class TraceReader:
         self.num_rows = 0
 
     def __iter__(self) -> Iterator[RequestChunk]:
-        if self.format in ("azure", "burstgpt"):
-            yield from self._csv()
-        else:
-            yield from self._jsonl()
+        pending: list[RequestChunk] = []
+        num_pending = 0
+        pieces = self._csv() if self.format in ("azure", "burstgpt") else self._jsonl()
+        for piece in pieces:
+            if not len(piece):
+                continue
+            pending.append(piece)
+            num_pending += len(piece)
+            if num_pending >= self.chunk_rows:
+                whole = RequestChunk.concat(pending)
+                cut = num_pending - num_pending % self.chunk_rows
+                for a in range(0, cut, self.chunk_rows):
+                    self.num_rows += self.chunk_rows
+                    yield whole.rows(a, a + self.chunk_rows)
+                pending = [whole.rows(cut, num_pending)] if cut < num_pending else []
+                num_pending -= cut
+        if num_pending:
+            self.num_rows += num_pending
+            yield RequestChunk.concat(pending)
 
     # -- errors -------------------------------------------------------------------------
     def _bad(self, lineno: int, what: str) -> None:
@@ -133,37 +211,51 @@ class TraceReader:
         if self.num_skipped <= 3:
             log.warning("%s:%d: skipped: %s", self.path, lineno, what)
 
+    def _blocks(self, f: BinaryIO, lineno: int) -> Iterator[tuple[int, bytes]]:
+        """(number of its first line, block) for blocks of about BLOCK_BYTES of whole lines."""
+        rest = b""
+        while True:
+            data = f.read(BLOCK_BYTES)
+            if not data:
+                if rest:
+                    yield lineno, rest + b"\n"
+                return
+            data = rest + data
+            cut = data.rfind(b"\n") + 1
+            block, rest = data[:cut], data[cut:]
+            if block:
+                yield lineno, block
+                lineno += block.count(b"\n")
+
     # -- JSONL ----------------------------------------------------------------------------
     def _jsonl(self) -> Iterator[RequestChunk]:
         row_fn = {"mooncake": _mooncake_row, "athanor": _athanor_row, "openai": _openai_row}[self.format]
-        cols = _Columns(with_hashes=self.format in ("mooncake", "athanor"), with_latency=self.format == "athanor")
-        with open(self.path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
+        with open(self.path, "rb") as f:
+            for first_line, block in self._blocks(f, 1):
+                fast = parse_mooncake(block) if self.format == "mooncake" else None
+                if fast is not None:
+                    yield RequestChunk(*fast)
                     continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    self._bad(lineno, f"not valid JSON ({e.msg} at column {e.colno})")
-                    continue
-                try:
-                    cols.add(*row_fn(rec))
-                except (KeyError, TypeError, ValueError) as e:
-                    self._bad(lineno, _what(e))
-                    continue
-                if len(cols) >= self.chunk_rows:
-                    self.num_rows += len(cols)
-                    yield cols.flush()
-        if len(cols):
-            self.num_rows += len(cols)
-            yield cols.flush()
+                cols = _Columns(with_hashes=self.format in ("mooncake", "athanor"),
+                                with_latency=self.format == "athanor")
+                for lineno, line in enumerate(block.decode("utf-8", errors="replace").split("\n")[:-1], first_line):
+                    if not line.strip():
+                        continue
+                    try:
+                        rec = json.loads(line)
+                    except json.JSONDecodeError as e:
+                        self._bad(lineno, f"not valid JSON ({e.msg} at column {e.colno})")
+                        continue
+                    try:
+                        cols.add(*row_fn(rec))
+                    except (KeyError, TypeError, ValueError, AttributeError) as e:
+                        self._bad(lineno, _what(e))
+                yield cols.flush()
 
     # -- CSV ------------------------------------------------------------------------------
     def _csv(self) -> Iterator[RequestChunk]:
-        cols = _Columns(with_hashes=False, with_latency=False)
-        with open(self.path, encoding="utf-8", newline="") as f:
-            reader = csv.reader(f)
-            header = [h.strip().lower() for h in next(reader, [])]
+        with open(self.path, "rb") as f:
+            header = [h.strip().lower() for h in f.readline().decode("utf-8", errors="replace").split(",")]
             if self.format == "azure":
                 names = ("timestamp", "contexttokens", "generatedtokens")
                 parse_time: Callable[[str], float] = _IsoTime()
@@ -176,25 +268,27 @@ class TraceReader:
                 raise ConfigError(f"{self.path}:1: header {header} lacks one of {list(names)}: "
                                   f"is this really a {self.format} trace? name the format with --format") from None
             width = len(header)
-            for lineno, row in enumerate(reader, 2):
-                if not row:
+            for first_line, block in self._blocks(f, 2):
+                fast = parse_csv(block, width, (i_t, i_in, i_out), iso_time=self.format == "azure")
+                if fast is not None:
+                    yield RequestChunk(*fast)
                     continue
-                if len(row) != width:
-                    self._bad(lineno, f"{len(row)} fields, the header has {width}")
-                    continue
-                try:
-                    t = parse_time(row[i_t])
-                    n_in, n_out = _count(row[i_in], names[1]), _count(row[i_out], names[2])
-                except ValueError as e:
-                    self._bad(lineno, _what(e))
-                    continue
-                cols.add(t, n_in, n_out, None, None, None)
-                if len(cols) >= self.chunk_rows:
-                    self.num_rows += len(cols)
-                    yield cols.flush()
-        if len(cols):
-            self.num_rows += len(cols)
-            yield cols.flush()
+                cols = _Columns(with_hashes=False, with_latency=False)
+                text = block.decode("utf-8", errors="replace").split("\n")[:-1]
+                for lineno, row in enumerate(csv.reader(text), first_line):
+                    if not row:
+                        continue
+                    if len(row) != width:
+                        self._bad(lineno, f"{len(row)} fields, the header has {width}")
+                        continue
+                    try:
+                        t = parse_time(row[i_t])
+                        n_in, n_out = _count(row[i_in], names[1]), _count(row[i_out], names[2])
+                    except ValueError as e:
+                        self._bad(lineno, _what(e))
+                        continue
+                    cols.add(t, n_in, n_out, None, None, None)
+                yield cols.flush()
 
 
 def _what(e: Exception) -> str:
@@ -318,10 +412,12 @@ class _Columns:
             self.lat.append(float("nan") if lat is None else lat)
 
     def flush(self) -> RequestChunk:
+        hashes, offsets = hash_csr(self.hashes) if self.with_hashes else (None, None)
         chunk = RequestChunk(
             np.asarray(self.t, dtype=np.float64), np.asarray(self.n_in, dtype=np.int64),
-            np.asarray(self.n_out, dtype=np.int64), self.hashes if self.with_hashes else None,
-            np.asarray(self.ttft) if self.with_latency else None, np.asarray(self.lat) if self.with_latency else None,
+            np.asarray(self.n_out, dtype=np.int64), hashes, offsets,
+            np.asarray(self.ttft, dtype=np.float64) if self.with_latency else None,
+            np.asarray(self.lat, dtype=np.float64) if self.with_latency else None,
         )
         self._reset()
         return chunk
@@ -333,11 +429,7 @@ def read_columns(path: str | Path, format: str | None = None, skip_bad: bool = F
     chunks = list(reader)
     if not chunks:
         raise ConfigError(f"{reader.path}: no requests in the file")
-    hashes = None if chunks[0].hash_ids is None else [h for c in chunks for h in (c.hash_ids or [])]
-    return RequestChunk(
-        np.concatenate([c.timestamp_s for c in chunks]), np.concatenate([c.input_length for c in chunks]),
-        np.concatenate([c.output_length for c in chunks]), hashes,
-    )
+    return RequestChunk.concat(chunks)
 
 
-__all__ = ["FORMATS", "RequestChunk", "TraceReader", "athanor_log_record", "detect_format", "read_columns"]
+__all__ = ["FORMATS", "RequestChunk", "TraceReader", "athanor_log_record", "detect_format", "hash_csr", "read_columns"]

@@ -299,9 +299,9 @@ def profile_chunks(chunks: Any, source: str, window_s: float | None = None, tpot
     for chunk in chunks:
         assert isinstance(chunk, RequestChunk)
         hit = None
-        if chunk.hash_ids is not None:
+        if chunk.block_hashes is not None and chunk.block_offsets is not None:
             has_hashes = True
-            blocks = np.fromiter((lru.lookup_insert(h) for h in chunk.hash_ids), dtype=np.int64, count=len(chunk))
+            blocks = lru.lookup_insert_many(chunk.block_hashes, chunk.block_offsets)
             hit = np.minimum(blocks * block_tokens, chunk.input_length).astype(np.float64)
         whole.add(chunk.timestamp_s, chunk.input_length, chunk.output_length, hit)
         if window_s is None or len(chunk) == 0:

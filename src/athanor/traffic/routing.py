@@ -9,8 +9,10 @@ experts a batch of b tokens activates (b = 1..max_batch), averaged over layers. 
   `torch.save` file), which users bring from production;
 - `parametric_routing`: Zipf-skewed loads for models without a measurement.
 
-Replay (`fit_router_bias`) fits `layers.{i}.router_bias`, the selection-only bias of
-`reference.route`, so a random-weight model's per-layer load matches a target. Distinct experts
+Replay (`replay_routing`, i.e. `fit_router_bias` + `apply_router_bias`) fits
+`layers.{i}.router_bias`, the selection-only bias of `reference.route`, so a random-weight
+model's per-layer load matches a target; the replayed model's source names the target profile,
+and so do profiles captured from it. Distinct experts
 per batch then follow from the load and from the correlation of real text tokens in a batch,
 which is why replay inputs must be real text: synthetic inputs were seen to activate 13-38%
 more distinct experts than real traffic (athanor issue 3).
@@ -84,17 +86,12 @@ def routing_from_topk(topk: list[np.ndarray], num_experts: int, source: str, max
 
 
 class _Recorder(ReferenceForward):
-    """The reference forward, remembering each MoE layer's router input and chosen experts."""
+    """The reference forward, remembering each MoE layer's chosen experts."""
 
     def __init__(self, model: Model, ctx: BuildContext) -> None:
         super().__init__(model, ctx)
-        self.inputs: dict[int, list[Tensor]] = {}
         self.topk: dict[int, list[Tensor]] = {}
         self.routing_observer = lambda i, ids: self.topk.setdefault(i, []).append(ids.cpu())
-
-    def _moe(self, i: int, x: Tensor) -> Tensor:
-        self.inputs.setdefault(i, []).append(x.detach().float().cpu())
-        return super()._moe(i, x)
 
 
 def _run(model: Model, sequences: list[list[int]]) -> _Recorder:
@@ -106,14 +103,20 @@ def _run(model: Model, sequences: list[list[int]]) -> _Recorder:
     return fwd
 
 
-def capture_routing(model: Model, sequences: list[list[int]], source: str = "", max_batch: int = 64) -> RoutingProfile:
-    """Run the reference forward over token `sequences` and record its routing."""
-    moe = model.spec.moe
-    if moe is None:
+def capture_topk(model: Model, sequences: list[list[int]]) -> list[np.ndarray]:
+    """Per layer, the expert ids [N, top_k] the reference forward picks for the N tokens of `sequences`."""
+    if model.spec.moe is None:
         raise ConfigError(f"model {model.spec.name} is dense: routing needs an MoE model")
     rec = _run(model, sequences)
-    topk = [torch.cat(rec.topk[i]).numpy() for i in range(model.spec.num_layers)]
-    return routing_from_topk(topk, moe.num_experts, source or f"capture:{model.source}", max_batch)
+    return [torch.cat(rec.topk[i]).numpy() for i in range(model.spec.num_layers)]
+
+
+def capture_routing(model: Model, sequences: list[list[int]], source: str = "", max_batch: int = 64) -> RoutingProfile:
+    """Run the reference forward over token `sequences` and record its routing. The profile's
+    source defaults to `capture:` + the model's source (which names a replayed profile, if any)."""
+    topk = capture_topk(model, sequences)
+    assert model.spec.moe is not None
+    return routing_from_topk(topk, model.spec.moe.num_experts, source or f"capture:{model.source}", max_batch)
 
 
 def load_vllm_routed_experts(path: str | Path, num_experts: int, max_batch: int = 64) -> RoutingProfile:
@@ -156,43 +159,83 @@ def parametric_routing(num_layers: int, num_experts: int, top_k: int, zipf: floa
     return _independent_profile(f"parametric:zipf{zipf}", top_k, load, max_batch)
 
 
-def fit_router_bias(model: Model, target: RoutingProfile, sequences: list[list[int]], passes: int = 3,
-                    iters: int = 300) -> dict[str, Tensor]:
+class _Fitter(ReferenceForward):
+    """The reference forward fitting each MoE layer's router bias on the hidden states that
+    really reach it, just before the layer routes: layer i is fitted under the biases already
+    fitted for layers < i, so one forward pass fits them all."""
+
+    def __init__(self, model: Model, ctx: BuildContext, target: RoutingProfile, iters: int) -> None:
+        super().__init__(model, ctx)
+        self.target, self.iters = target, iters
+
+    def _moe(self, i: int, x: Tensor) -> Tensor:
+        moe = self.spec.moe
+        assert moe is not None
+        bias = _fit_layer(x.detach().float().cpu(), self.model.layer(i, "router").float().cpu(),
+                          torch.tensor(self.target.load[i], dtype=torch.float32), moe.top_k, moe.scoring, self.iters)
+        self.model.weights[f"layers.{i}.router_bias"] = bias.to(x.device, self.model.dtype)
+        return super()._moe(i, x)
+
+
+def _fit_layer(x: Tensor, router: Tensor, goal: Tensor, top_k: int, scoring: str, iters: int) -> Tensor:
+    """Bias [E] whose top-k choice over scores of x [N, H] gives expert loads `goal` [E].
+
+    A damped fixed-point iteration (raise an expert's bias while it gets less than its share),
+    keeping the iterate whose loads are closest to the goal in total variation."""
+    logits = x @ router.T  # [N, E]
+    scores = torch.softmax(logits, -1) if scoring == "softmax" else torch.sigmoid(logits)
+    num_experts = scores.shape[1]
+    b = torch.zeros(num_experts)
+    best, best_tvd = b.clone(), float("inf")
+    lr = float(scores.std()) * num_experts
+    for step in range(iters):
+        ids = torch.topk(scores + b, top_k, dim=-1).indices
+        load = torch.bincount(ids.flatten(), minlength=num_experts).float() / ids.numel()
+        tvd = 0.5 * float((goal - load).abs().sum())
+        if tvd < best_tvd:
+            best, best_tvd = b.clone(), tvd
+        b += lr * (0.99**step) * (goal - load)
+    return best - best.mean()
+
+
+def fit_router_bias(model: Model, target: RoutingProfile, sequences: list[list[int]], passes: int = 1,
+                    iters: int = 400) -> dict[str, Tensor]:
     """Per-layer `router_bias` [E] making `model` route `sequences` with `target`'s load.
 
-    Each pass runs the forward once, recording each layer's router input, then fits every
-    layer's bias on those inputs by a damped fixed-point iteration (raise an expert's bias while
-    it gets less than its target share); later layers see earlier layers' new routing next pass.
+    One reference forward over `sequences`; each MoE layer's bias is fitted on the hidden states
+    that reach its router (see `_Fitter`). Apply the result with `apply_router_bias`. `passes` is
+    accepted for older callers: the layer-by-layer fit is already final after one pass.
     """
+    del passes
     moe = model.spec.moe
     if moe is None:
         raise ConfigError(f"model {model.spec.name} is dense: routing replay needs an MoE model")
     if (target.num_layers, target.num_experts) != (model.spec.num_layers, moe.num_experts):
         raise ConfigError(f"routing profile {target.source} is [{target.num_layers}, {target.num_experts}], "
                           f"model {model.spec.name} is [{model.spec.num_layers}, {moe.num_experts}]")
-    biases = {f"layers.{i}.router_bias": torch.zeros(moe.num_experts) for i in range(model.spec.num_layers)}
-    for _ in range(passes):
-        rec = _run(apply_router_bias(model, biases), sequences)
-        for i in range(model.spec.num_layers):
-            x = torch.cat(rec.inputs[i])  # [N, H] fp32
-            logits = x @ model.layer(i, "router").float().cpu().T  # [N, E]
-            scores = torch.softmax(logits, -1) if moe.scoring == "softmax" else torch.sigmoid(logits)
-            goal = torch.tensor(target.load[i], dtype=torch.float32)
-            b = biases[f"layers.{i}.router_bias"].clone()
-            lr = float(scores.std()) * moe.num_experts
-            for step in range(iters):
-                ids = torch.topk(scores + b, moe.top_k, dim=-1).indices
-                load = torch.bincount(ids.flatten(), minlength=moe.num_experts).float() / ids.numel()
-                b += lr * (0.985**step) * (goal - load)
-            biases[f"layers.{i}.router_bias"] = b - b.mean()
-    return {k: v.to(model.device, model.dtype) for k, v in biases.items()}
+    work = apply_router_bias(model, {f"layers.{i}.router_bias": torch.zeros(moe.num_experts)
+                                     for i in range(model.spec.num_layers)})
+    max_len = max(len(s) for s in sequences)
+    ctx = BuildContext(max_seqs=len(sequences), max_seq_len=max_len, device=model.device, dtype=model.dtype)
+    with torch.no_grad():
+        _Fitter(work, ctx, target, iters).prefill(
+            make_prefill_batch(sequences, list(range(len(sequences))), device=model.device))
+    return {f"layers.{i}.router_bias": work.weights[f"layers.{i}.router_bias"] for i in range(model.spec.num_layers)}
 
 
-def apply_router_bias(model: Model, biases: dict[str, Tensor]) -> Model:
-    """A `Model` sharing `model`'s weights plus `biases` (the replayed routing)."""
+def apply_router_bias(model: Model, biases: dict[str, Tensor], profile_source: str | None = None) -> Model:
+    """A `Model` sharing `model`'s weights plus `biases` (the replayed routing). With
+    `profile_source`, the model's source names the profile it replays, so results say so."""
     weights = dict(model.weights)
     weights.update({k: v.to(model.device, model.dtype) for k, v in biases.items()})
-    return Model(model.spec, weights, model.source, model.full_num_layers)
+    source = model.source if profile_source is None else f"{model.source}+routing[{profile_source}]"
+    return Model(model.spec, weights, source, model.full_num_layers)
+
+
+def replay_routing(model: Model, target: RoutingProfile, sequences: list[list[int]]) -> Model:
+    """`model` with router biases fitted so it routes `sequences` as `target` says, its source
+    naming `target.source`."""
+    return apply_router_bias(model, fit_router_bias(model, target, sequences), target.source)
 
 
 def compare_routing(a: RoutingProfile, b: RoutingProfile) -> tuple[float, float]:
