@@ -45,12 +45,16 @@ class ViolationWatch:
         events, self._events = self._events, []
         return events
 
-    def _allowed(self, path: Any) -> bool:
+    def _allowed(self, path: Any, dir_fd: Any = None) -> bool:
         if isinstance(path, int):
             return True  # an fd the process already holds
         if isinstance(path, bytes):
             path = os.fsdecode(path)
-        full = os.path.realpath(os.path.abspath(str(path)))
+        path = str(path)
+        if isinstance(dir_fd, int) and not os.path.isabs(path):
+            # shutil.rmtree (Triton's and Inductor's temp dirs) removes names relative to a directory fd.
+            path = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path)
+        full = os.path.realpath(os.path.abspath(path))
         return any((full + "/").startswith(w) for w in self._writable)
 
     def _record(self, what: str) -> None:
@@ -69,6 +73,9 @@ class ViolationWatch:
                     isinstance(flags, int) and flags & _WRITE_FLAGS)
                 if writing and not self._allowed(path):
                     self._record(f"write outside the scratch directory: {path!s}")
+            elif event in ("os.remove", "os.rmdir"):  # (path, dir_fd)
+                if args and not self._allowed(*args[:2]):
+                    self._record(f"{event} outside the scratch directory: {args[0]!s}")
             elif event in _PATH_EVENTS and args and not all(self._allowed(a) for a in args[:2]
                                                              if isinstance(a, (str, bytes, os.PathLike))):
                 self._record(f"{event} outside the scratch directory: {args[0]!s}")
