@@ -20,6 +20,7 @@ from athanor.engine.config import EngineConfig
 from athanor.engine.sandbox import default_writable, enter_sandbox
 
 if TYPE_CHECKING:
+    from athanor.engine.core import Engine
     from athanor.model import Model
 
 log = logging.getLogger(__name__)
@@ -45,15 +46,18 @@ def _load_model(config: EngineConfig) -> Model:
     return model
 
 
-def serve(config: EngineConfig) -> int:
-    socket_path = Path(config.socket_path)
+def boot(config: EngineConfig) -> Engine:
+    """Enter the sandbox, load the model once and return the sealed `Engine` (no socket yet).
+
+    The engine's RPC loop (`serve`) and the serving loop (`athanor.serve.worker`) both start here.
+    """
     scratch = Path(config.scratch_dir)
     cache = config.compile_cache_dir()
     for name, value in config.cache_env().items():
         os.environ.setdefault(name, value)
     os.environ["TMPDIR"] = str(scratch / "tmp")
     (scratch / "tmp").mkdir(parents=True, exist_ok=True)
-    writable = default_writable(scratch, cache, socket_path.parent)
+    writable = default_writable(scratch, cache, Path(config.socket_path).parent)
     report = enter_sandbox(config.sandbox, writable)
     for line in report:
         if "NOT" in line or "DISABLED" in line:
@@ -63,9 +67,7 @@ def serve(config: EngineConfig) -> int:
     sys.dont_write_bytecode = True  # candidates' __pycache__ would only litter the scratch dir
 
     import torch
-    import zmq
 
-    from athanor.engine import protocol as p
     from athanor.engine.core import Engine
 
     if config.cpu_threads:
@@ -78,7 +80,16 @@ def serve(config: EngineConfig) -> int:
     engine = Engine(config, model, report)
     engine.seal([str(w) for w in writable])
     torch.set_grad_enabled(False)  # an inference engine: no autograd state on any candidate's tensors
+    return engine
 
+
+def serve(config: EngineConfig) -> int:
+    import zmq
+
+    from athanor.engine import protocol as p
+
+    socket_path = Path(config.socket_path)
+    engine = boot(config)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)

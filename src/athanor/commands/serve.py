@@ -1,0 +1,161 @@
+"""`athanor serve`, `athanor watch` and `athanor bench serve`: thin wrappers over `athanor.serve`.
+
+`bench serve` joins the `bench` command's sub-parsers (see commands/bench.py, which stores them as the
+`bench_subparsers` default of the `bench` parser). `serve` registers before `bench` in the CLI's
+order, so when `bench` does not exist yet, the `bench` parser gets `serve` added the moment its
+sub-parsers are created.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API, with canary deploys")
+    p.add_argument("--model", default="smollm2-135m", help="name, preset, HF directory or .gguf file")
+    p.add_argument("--candidate", default="", help="a candidate directory (candidate.py + manifest.json) to serve")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default="", help="the model name clients pass (default: --model)")
+    p.add_argument("--admin-token-file", default="", help="file holding the admin API's bearer token "
+                                                          "(without it the admin API is off)")
+    p.add_argument("--log", default="", help="request log to append to (JSONL, the 'athanor' trace format)")
+    p.add_argument("--log-prompts", action="store_true", help="also log prompt text (off: lengths and hashes only)")
+    p.add_argument("--store", default="", help="experiment store (path or URL) recording deployments")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--dtype", default="", help="float32, bfloat16, ... (default: as stored)")
+    p.add_argument("--max-seqs", type=int, default=8, help="sequences served at once (KV slots per candidate)")
+    p.add_argument("--max-seq-len", type=int, default=2048, help="context length (prompt + output tokens)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=256, help="token budget of one step")
+    p.add_argument("--max-queue", type=int, default=256, help="waiting requests before answering 429")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads of the worker (0: the engine's default)")
+    p.add_argument("--no-sandbox", action="store_true", help="run candidate code unconfined (trusted code only)")
+    p.set_defaults(func=cmd_serve)
+
+    w = sub.add_parser("watch", help="follow a request log; on drift, recompile and deploy the winner")
+    w.add_argument("--model", default="smollm2-135m")
+    w.add_argument("--log", required=True, help="the server's request log (JSONL) to follow")
+    w.add_argument("--server", required=True, help="the server's URL, e.g. http://127.0.0.1:8000")
+    w.add_argument("--admin-token-file", default="", help="file holding the server's admin token")
+    w.add_argument("--budget", default="10m", help="time budget of each compile session (e.g. 90s, 10m)")
+    w.add_argument("--window", default="60s", help="traffic window compared for drift (e.g. 60s, 10m)")
+    w.add_argument("--state", default="", help="state file (default: LOG.watch.json); survives restarts")
+    w.add_argument("--workdir", default="", help="where compile sessions and winners go (default: beside the state)")
+    w.add_argument("--device", default="cpu")
+    w.add_argument("--once", action="store_true", help="stop at the end of the log instead of following it")
+    w.set_defaults(func=cmd_watch)
+
+    bench = sub.choices.get("bench")
+    if bench is not None:
+        _register_bench(bench.get_default("bench_subparsers"))
+    else:
+        _when_bench_appears(sub)
+
+
+def _when_bench_appears(sub: argparse._SubParsersAction) -> None:
+    original = sub.add_parser
+
+    def add_parser(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        parser = original(name, **kwargs)
+        if name == "bench":
+            make_sub = parser.add_subparsers
+
+            def add_subparsers(**kw: Any) -> argparse._SubParsersAction:
+                bench_sub = make_sub(**kw)
+                _register_bench(bench_sub)
+                return bench_sub
+
+            parser.add_subparsers = add_subparsers
+        return parser
+
+    sub.add_parser = add_parser  # type: ignore[method-assign]
+
+
+def _register_bench(bench_sub: argparse._SubParsersAction) -> None:
+    b = bench_sub.add_parser("serve", help="replay a trace against a running server with the openai client")
+    b.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000")
+    b.add_argument("--trace", required=True, help="a trace file (any format `athanor traffic` reads)")
+    b.add_argument("--speedup", type=float, default=1.0, help="replay this many times faster than recorded")
+    b.add_argument("--max-requests", type=int, default=100, help="replay at most this many requests")
+    b.add_argument("--model", default="", help="model name to request (default: the server's first model)")
+    b.add_argument("--max-input", type=int, default=0, help="cap prompt lengths (0: the server's context allows)")
+    b.add_argument("--max-output", type=int, default=0, help="cap output lengths (0: as in the trace)")
+    b.add_argument("--slo-ttft", type=float, default=2.0, help="TTFT SLO in seconds (goodput)")
+    b.add_argument("--slo-tpot", type=float, default=0.2, help="TPOT SLO in seconds (goodput)")
+    b.add_argument("--concurrency", type=int, default=64, help="requests in flight at most")
+    b.add_argument("--json", required=True, help="where to write the record")
+    b.set_defaults(func=cmd_bench_serve)
+
+
+def _read_token(path: str) -> str:
+    from athanor.errors import ConfigError
+
+    if not path:
+        return ""
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as e:
+        raise ConfigError(f"--admin-token-file {path}: cannot read it ({e.strerror})") from None
+    if not token:
+        raise ConfigError(f"--admin-token-file {path}: the file is empty; put the admin bearer token in it")
+    return token
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from athanor.errors import ConfigError
+    from athanor.serve.app import ServeOptions, run_server
+    from athanor.serve.candidates import load_candidate_dir
+    from athanor.serve.config import SchedulerConfig
+
+    if args.max_seqs < 1 or args.max_seq_len < 2:
+        raise ConfigError("--max-seqs must be >= 1 and --max-seq-len >= 2")
+    if args.max_num_batched_tokens < args.max_seqs:
+        raise ConfigError(f"--max-num-batched-tokens {args.max_num_batched_tokens}: must be at least --max-seqs "
+                          f"({args.max_seqs}), so every running sequence can decode in one step")
+    if args.candidate:
+        load_candidate_dir(args.candidate)  # a bad directory is the user's mistake: say so before starting
+    options = ServeOptions(
+        model=args.model, candidate_dir=args.candidate, served_model_name=args.served_model_name, device=args.device,
+        dtype=args.dtype, max_seqs=args.max_seqs, max_seq_len=args.max_seq_len, threads=args.threads,
+        sandbox=not args.no_sandbox, admin_token=_read_token(args.admin_token_file), log_path=args.log,
+        log_prompts=args.log_prompts, store=args.store,
+        scheduler=SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens, max_queue=args.max_queue))
+    logging.getLogger("athanor").setLevel(logging.INFO)
+    run_server(options, args.host, args.port)
+    return 0
+
+
+def cmd_bench_serve(args: argparse.Namespace) -> int:
+    from athanor.serve.bench import BenchOptions, bench_serve
+
+    record = bench_serve(BenchOptions(
+        url=args.url, trace=args.trace, speedup=args.speedup, max_requests=args.max_requests, model=args.model,
+        max_input=args.max_input, max_output=args.max_output, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot,
+        concurrency=args.concurrency))
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    s = record["summary"]
+    print(f"{s['completed']}/{s['requests']} ok, {s['output_tokens_per_s']:.1f} tok/s, "
+          f"TTFT p50 {s['ttft_s']['p50']:.3f}s, TPOT p50 {s['tpot_s']['p50']:.4f}s, "
+          f"goodput {s['goodput_requests_per_s']:.2f} req/s  -> {out}")
+    return 0 if s["failed"] == 0 else 1
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    from athanor.serve.watch import WatchOptions, watch
+
+    logging.getLogger("athanor").setLevel(logging.INFO)
+    options = WatchOptions(model=args.model, log=args.log, server=args.server,
+                           admin_token=_read_token(args.admin_token_file), budget=args.budget, window=args.window,
+                           state=args.state, workdir=args.workdir, device=args.device, follow=not args.once)
+    for line in watch(options):
+        print(line, flush=True)
+    return 0

@@ -1,0 +1,123 @@
+"""The HTTP edge: OpenAI request schemas (pydantic), error bodies and response shapes.
+
+Only what athanor serves is modelled; unknown OpenAI fields are accepted and ignored, as other
+OpenAI-compatible servers do. Every error is `{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class APIError(Exception):
+    """An error answered as an OpenAI-style body with an HTTP status."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    max_tokens: int | None = None
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    n: int = 1
+    user: str | None = None
+
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        if len(stops) > 4:
+            raise APIError(400, "stop: at most 4 stop sequences", param="stop")
+        return [s for s in stops if s]
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.get("include_usage"))
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[int]
+    echo: bool = False
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+    def text(self) -> str:
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        parts = []
+        for part in self.content:
+            if part.get("type") != "text":
+                raise APIError(400, f"messages: content parts of type {part.get('type')!r} are not supported "
+                                    "(text only)", param="messages")
+            parts.append(str(part.get("text", "")))
+        return "".join(parts)
+
+
+class ChatCompletionRequest(_Request):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+
+
+class DeployRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    candidate_dir: str
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion_body(rid: str, model: str, text: str, finish: str | None, prompt_tokens: int,
+                    completion_tokens: int) -> dict[str, Any]:
+    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+            "usage": usage(prompt_tokens, completion_tokens)}
+
+
+def completion_chunk(rid: str, model: str, text: str, finish: str | None) -> dict[str, Any]:
+    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+
+
+def chat_body(rid: str, model: str, text: str, finish: str | None, prompt_tokens: int,
+              completion_tokens: int) -> dict[str, Any]:
+    return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                         "finish_reason": finish}],
+            "usage": usage(prompt_tokens, completion_tokens)}
+
+
+def chat_chunk(rid: str, model: str, delta: dict[str, str], finish: str | None) -> dict[str, Any]:
+    return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+
+def usage_chunk(rid: str, model: str, obj: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [],
+            "usage": usage(prompt_tokens, completion_tokens)}

@@ -1,0 +1,365 @@
+"""The FastAPI app: OpenAI-compatible routes, /health, /metrics and the admin routes.
+
+`create_app(options)` builds it; its lifespan loads the tokenizer, starts the serving worker
+(which loads the model and builds the candidate) and stops it again. `run_server` serves it with
+uvicorn.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ValidationError
+
+from athanor.engine.config import EngineConfig, SandboxConfig
+from athanor.errors import AthanorError
+from athanor.serve import api
+from athanor.serve.admin import DeploymentBook, DeploymentRecorder, check_token
+from athanor.serve.api import APIError
+from athanor.serve.candidates import load_candidate_dir
+from athanor.serve.config import CanaryConfig, SchedulerConfig, WorkerConfig
+from athanor.serve.frontend import WorkerHandle
+from athanor.serve.generation import Generation, GenerationParams
+from athanor.serve.messages import Deploy, DeploymentState
+from athanor.serve.metrics import ServeMetrics
+from athanor.serve.reqlog import RequestLog
+
+log = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """`athanor serve`'s settings."""
+
+    model: str
+    candidate_dir: str = ""
+    """Serve this candidate directory from the start; empty: the reference forward (baseline)."""
+    served_model_name: str = ""
+    """The name clients pass as `model`; empty: `model`."""
+    device: str = "cpu"
+    dtype: str = ""
+    max_seqs: int = 8
+    """Concurrent sequences per resident candidate (KV slots)."""
+    max_seq_len: int = 2048
+    """Context length: prompt plus generated tokens."""
+    threads: int = 0
+    """CPU threads of the worker (0: the engine's default)."""
+    sandbox: bool = True
+    """Run candidate code in the engine's sandbox (no network, confined writes)."""
+    admin_token: str = ""
+    """Bearer token of the admin API; empty disables it."""
+    log_path: str = ""
+    """Request log (JSONL, `athanor` format); empty: none."""
+    log_prompts: bool = False
+    store: str = ""
+    """Experiment store (path or URL) for deployment records; empty: none."""
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    canary: CanaryConfig = field(default_factory=CanaryConfig)
+    run_dir: str = ""
+    """Where the worker's socket, scratch and log go; empty: a fresh temporary directory."""
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or self.model
+
+
+class _IdTokenizer:
+    """For models without a tokenizer (random presets): prompts are token ids, text is the ids."""
+
+    stop_ids: tuple[int, ...] = ()
+
+    def encode(self, text: str) -> list[int]:
+        raise APIError(400, "this model has no tokenizer: pass the prompt as a list of token ids", param="prompt")
+
+    def decode(self, ids: list[int], skip_special: bool = True) -> str:
+        return "".join(f" {i}" for i in ids)
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        raise APIError(400, "this model has no tokenizer or chat template: use /v1/completions with token ids")
+
+
+class ServerState:
+    def __init__(self, options: ServeOptions) -> None:
+        self.options = options
+        self.metrics = ServeMetrics()
+        self.request_log = RequestLog(options.log_path, options.log_prompts) if options.log_path else None
+        self.tokenizer: Any = None
+        self.handle: WorkerHandle | None = None
+        self.recorder: DeploymentRecorder | None = None
+        self.deployments = DeploymentBook(None, options.name)
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+
+    async def start(self) -> None:
+        from athanor.model.registry import load_tokenizer
+
+        o = self.options
+        try:
+            self.tokenizer = load_tokenizer(o.model)
+        except AthanorError:
+            self.tokenizer = _IdTokenizer()
+        if o.store:
+            from athanor.store import open_store
+
+            self.recorder = open_store(o.store)
+        self.deployments = DeploymentBook(self.recorder, o.name)
+        if o.run_dir:
+            run_dir = Path(o.run_dir)
+        else:
+            self._tmp = tempfile.TemporaryDirectory(prefix="ath-serve-")  # short: unix socket paths are ~100 bytes
+            run_dir = Path(self._tmp.name)
+        sock = str(run_dir / "serve.sock")
+        engine = EngineConfig(model=o.model, device=o.device, dtype=o.dtype, max_seqs=o.max_seqs,
+                              max_seq_len=o.max_seq_len, scratch_dir=str(run_dir / "scratch"), socket_path=sock,
+                              sandbox=SandboxConfig(enabled=o.sandbox), cpu_threads=o.threads)
+        config = WorkerConfig(engine, sock, o.candidate_dir, o.scheduler, o.canary)
+        self.handle = WorkerHandle(config, run_dir, on_step=self.metrics.on_step, on_deployment=self.on_deployment)
+        status = await self.handle.start()
+        self.metrics.set_candidate(status.active_candidate)
+
+    async def close(self) -> None:
+        if self.handle is not None:
+            await self.handle.close()
+        if self.request_log is not None:
+            self.request_log.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def on_deployment(self, state: DeploymentState) -> None:
+        done = self.deployments.update(state)
+        if done is None:
+            return
+        self.metrics.deployments.labels(done.phase).inc()
+        if done.phase == "deployed" and self.handle is not None:
+            self.handle.serve_candidate_dir(done.candidate_dir)
+            self.metrics.set_candidate(done.candidate_id)
+
+    def probes(self) -> tuple[tuple[int, ...], ...]:
+        """Real text for the canary to mirror when there is no traffic (64-token pieces of the corpus)."""
+        from athanor.traffic.corpus import encoded_sentences
+
+        if isinstance(self.tokenizer, _IdTokenizer):
+            return ()
+        flat = [t for s in encoded_sentences(self.tokenizer) for t in s]
+        return tuple(tuple(flat[i:i + 64]) for i in range(0, min(len(flat), 64 * 8), 64))
+
+
+def _parse(raw: bytes, model: type[M]) -> M:
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise APIError(400, f"the request body is not valid JSON ({e})", code="invalid_json") from None
+    if not isinstance(obj, dict):
+        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+    try:
+        return model.model_validate(obj)
+    except ValidationError as e:
+        err = e.errors()[0]
+        param = ".".join(str(x) for x in err.get("loc", ())) or None
+        raise APIError(400, f"{param or 'body'}: {err.get('msg', 'invalid value')}", param=param) from None
+
+
+def _sse(obj: object) -> bytes:
+    return f"data: {json.dumps(obj)}\n\n".encode()
+
+
+def create_app(options: ServeOptions) -> FastAPI:
+    state = ServerState(options)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await state.start()
+        try:
+            yield
+        finally:
+            await state.close()
+
+    app = FastAPI(title="athanor", lifespan=lifespan)
+    app.state.server = state
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(404)
+    async def _not_found(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(APIError(404, f"no route {request.method} {request.url.path}").body(), status_code=404)
+
+    @app.exception_handler(405)
+    async def _bad_method(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(APIError(405, f"{request.method} is not allowed on {request.url.path}").body(),
+                            status_code=405)
+
+    def handle() -> WorkerHandle:
+        if state.handle is None:
+            raise APIError(503, "the server is starting", type="server_error")
+        return state.handle
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        h = handle()
+        ok = h.is_alive()
+        return JSONResponse({"status": "ok" if ok else "restarting", "candidate": h.active_candidate,
+                             "worker_pid": h.pid, "in_flight": h.num_in_flight}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": options.name, "object": "model", "created": 0,
+                                            "owned_by": "athanor", "max_model_len": options.max_seq_len}]}
+
+    def params(req: api._Request, prompt_ids: list[int], max_tokens: int | None) -> GenerationParams:
+        if req.model != options.name:
+            raise APIError(404, f"the model {req.model!r} does not exist; this server serves {options.name!r}",
+                           param="model", code="model_not_found")
+        if req.n != 1:
+            raise APIError(400, "n: only n=1 is supported", param="n")
+        if not prompt_ids:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        room = options.max_seq_len - len(prompt_ids)
+        if room < 1:
+            raise APIError(400, f"the prompt is {len(prompt_ids)} tokens; this model's context is "
+                                f"{options.max_seq_len} tokens (prompt plus output)", param="messages",
+                           code="context_length_exceeded")
+        if max_tokens is not None and max_tokens < 1:
+            raise APIError(400, f"max_tokens is {max_tokens}; it must be at least 1", param="max_tokens")
+        if max_tokens is not None and max_tokens > room:
+            raise APIError(400, f"max_tokens is {max_tokens}, but the prompt ({len(prompt_ids)} tokens) leaves room "
+                                f"for {room} in the {options.max_seq_len}-token context", param="max_tokens",
+                           code="context_length_exceeded")
+        vocab_ok = all(0 <= t < 1 << 31 for t in prompt_ids)
+        if not vocab_ok:
+            raise APIError(400, "prompt: token ids must be non-negative", param="prompt")
+        seed = req.seed if req.seed is not None else secrets.randbits(31)
+        return GenerationParams(max_tokens or room, req.temperature, req.top_p, seed & ((1 << 62) - 1),
+                                tuple(req.stop_strings()), tuple(state.tokenizer.stop_ids))
+
+    def generation(prompt_ids: list[int], p: GenerationParams, prompt_text: str, prefix: str) -> Generation:
+        return Generation(handle(), state.tokenizer, state.metrics, state.request_log, prompt_ids, p,
+                          prompt_text if options.log_prompts else None, prefix)
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(request: Request) -> JSONResponse | StreamingResponse:
+        req = _parse(await request.body(), api.CompletionRequest)
+        if isinstance(req.prompt, str):
+            text, ids = req.prompt, list(state.tokenizer.encode(req.prompt))
+        else:
+            text, ids = "", list(req.prompt)
+        gen = generation(ids, params(req, ids, req.max_tokens if req.max_tokens is not None else 16), text, "cmpl")
+        await gen.start()
+        if not req.stream:
+            out = await gen.complete()
+            return JSONResponse(api.completion_body(gen.request_id, options.name, out, gen.finish_reason, len(ids),
+                                                    len(gen.output_ids)))
+
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                async for piece in gen.deltas():
+                    yield _sse(api.completion_chunk(gen.request_id, options.name, piece, None))
+                yield _sse(api.completion_chunk(gen.request_id, options.name, "", gen.finish_reason))
+                if req.include_usage():
+                    yield _sse(api.usage_chunk(gen.request_id, options.name, "text_completion", len(ids),
+                                               len(gen.output_ids)))
+            except APIError as e:
+                yield _sse(e.body())
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(request: Request) -> JSONResponse | StreamingResponse:
+        req = _parse(await request.body(), api.ChatCompletionRequest)
+        messages = [{"role": msg.role, "content": msg.text()} for msg in req.messages]
+        try:
+            text = state.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        except AthanorError as e:
+            raise APIError(400, str(e), param="messages") from None
+        except Exception as e:  # the model's own Jinja template refused the conversation
+            raise APIError(400, f"messages: the chat template refused them ({e})", param="messages") from None
+        ids = list(state.tokenizer.encode(text))
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        gen = generation(ids, params(req, ids, max_tokens), text, "chatcmpl")
+        await gen.start()
+        if not req.stream:
+            out = await gen.complete()
+            return JSONResponse(api.chat_body(gen.request_id, options.name, out, gen.finish_reason, len(ids),
+                                              len(gen.output_ids)))
+
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                yield _sse(api.chat_chunk(gen.request_id, options.name, {"role": "assistant", "content": ""}, None))
+                async for piece in gen.deltas():
+                    yield _sse(api.chat_chunk(gen.request_id, options.name, {"content": piece}, None))
+                yield _sse(api.chat_chunk(gen.request_id, options.name, {}, gen.finish_reason))
+                if req.include_usage():
+                    yield _sse(api.usage_chunk(gen.request_id, options.name, "chat.completion.chunk", len(ids),
+                                               len(gen.output_ids)))
+            except APIError as e:
+                yield _sse(e.body())
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    # -- admin ------------------------------------------------------------------------------------
+    @app.post("/admin/deploy", status_code=202)
+    async def deploy(request: Request) -> JSONResponse:
+        check_token(options.admin_token, request.headers.get("authorization"))
+        req = _parse(await request.body(), api.DeployRequest)
+        try:
+            candidate = load_candidate_dir(req.candidate_dir)
+        except AthanorError as e:
+            raise APIError(400, str(e), param="candidate_dir") from None
+        busy = state.deployments.in_progress()
+        if busy is not None:
+            raise APIError(409, f"deployment {busy.id} of {busy.candidate_id} is still in progress ({busy.phase})",
+                           code="deploy_in_progress")
+        h = handle()
+        dep = state.deployments.open(candidate.id, req.candidate_dir, h.active_candidate)
+        m = candidate.manifest
+        await h.deploy(Deploy(dep.id, candidate.source, m.content_hash, m.parent, m.author, m.description,
+                              state.probes()))
+        return JSONResponse({"deployment": dep.to_dict()}, status_code=202)
+
+    @app.get("/admin/deployments")
+    async def deployments(request: Request) -> dict[str, Any]:
+        check_token(options.admin_token, request.headers.get("authorization"))
+        return {"object": "list", "active_candidate": handle().active_candidate,
+                "data": [d.to_dict() for d in state.deployments.all()]}
+
+    @app.get("/admin/deployments/{deployment_id}")
+    async def deployment(request: Request, deployment_id: int) -> dict[str, Any]:
+        check_token(options.admin_token, request.headers.get("authorization"))
+        dep = state.deployments.get(deployment_id)
+        if dep is None:
+            raise APIError(404, f"no deployment {deployment_id}", param="deployment_id")
+        return {"deployment": dep.to_dict()}
+
+    return app
+
+
+def run_server(options: ServeOptions, host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Serve until interrupted (blocks)."""
+    import uvicorn
+
+    log.info("athanor serve: %s on http://%s:%d", options.name, host, port)
+    t0 = time.perf_counter()
+    app = create_app(options)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    log.debug("app built in %.2fs", time.perf_counter() - t0)
+    server.run()

@@ -1,0 +1,314 @@
+"""The serving worker: `python -m athanor.serve.worker CONFIG.json`.
+
+The engine worker's boot (sandbox first, then the model loaded once into an `Engine` with its
+resident candidates), then the step loop of continuous batching instead of the engine's one-RPC-
+at-a-time loop (DESIGN.md: the step loop runs inside the engine process). Each turn drains the
+socket (submits, aborts, deploys, status queries), runs one step, and sends each front end one
+`StepReport` with every token that step produced for its requests.
+
+A deploy builds the challenger beside the incumbent (`Engine.swap(keep_incumbent=True)`), runs the
+`Canary`, and finally drops whichever candidate lost once no sequence holds a slot of it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from athanor.serve import messages as m
+from athanor.serve.config import WorkerConfig
+
+if TYPE_CHECKING:
+    import zmq
+
+    from athanor.engine.core import Engine
+    from athanor.serve.canary import Canary
+    from athanor.serve.scheduler import Sequence
+
+log = logging.getLogger(__name__)
+
+MAX_PROBES = 2
+"""Probe sequences in flight at once during an idle shadow phase."""
+
+
+class ServingLoop:
+    def __init__(self, config: WorkerConfig, engine: Engine, sock: zmq.Socket) -> None:
+        from athanor.serve.executor import Executor
+        from athanor.serve.scheduler import Scheduler
+
+        self.config = config
+        self.engine = engine
+        self.sock = sock
+        ec = config.engine
+        self.scheduler = Scheduler(config.scheduler, ec.max_seqs, ec.max_seq_len)
+        self.executor = Executor(engine, self.scheduler)
+        assert engine.active is not None
+        self.incumbent: str = engine.active
+        self.scheduler.add_candidate(self.incumbent)
+        self.canary: Canary | None = None
+        self.deploy_owner = b""
+        self.retiring: str | None = None
+        """A candidate that lost (or was replaced) and is dropped once no sequence holds its slots."""
+        self.owner: dict[str, bytes] = {}
+        self.probes: list[list[int]] = []
+        self.last_live = time.monotonic()
+        self._rng = random.Random(0)
+        self.stopping = False
+
+    # -- messages ---------------------------------------------------------------------------------
+    def send(self, ident: bytes, message: object) -> None:
+        self.sock.send_multipart([ident, m.encode(message)])
+
+    def drain(self, timeout_ms: int) -> None:
+        import zmq
+
+        if not self.sock.poll(timeout_ms):
+            return
+        while True:
+            try:
+                ident, frame = self.sock.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                msg = m.decode(frame)
+            except m.MessageError as e:
+                log.warning("dropped a malformed message: %s", e)
+                continue
+            self.handle(ident, msg)
+
+    def handle(self, ident: bytes, msg: object) -> None:
+        if isinstance(msg, m.Submit):
+            why = self.scheduler.check(msg)
+            if why:
+                self.send(ident, m.Rejected(msg.request_id, why))
+            elif self.scheduler.submit(msg) is None:
+                self.send(ident, m.Rejected(msg.request_id, "the server is at capacity: retry later", "queue_full"))
+            else:
+                self.owner[msg.request_id] = ident
+                self.last_live = time.monotonic()
+        elif isinstance(msg, m.Abort):
+            self.scheduler.abort(msg.request_id)
+        elif isinstance(msg, m.Deploy):
+            self.deploy(ident, msg)
+        elif isinstance(msg, m.StatusQuery):
+            self.send(ident, self.status())
+        elif isinstance(msg, m.Shutdown):
+            self.stopping = True
+
+    def status(self) -> m.Status:
+        return m.Status(self.incumbent, tuple(self.engine.residents), len(self.scheduler.waiting),
+                        len(self.scheduler.running), os.getpid(), self.canary.state() if self.canary else None)
+
+    # -- deploys ----------------------------------------------------------------------------------
+    def _report_deploy(self) -> None:
+        if self.canary is not None and self.deploy_owner:
+            self.send(self.deploy_owner, self.canary.state())
+
+    def deploy(self, ident: bytes, msg: m.Deploy) -> None:
+        from athanor.engine import protocol as p
+        from athanor.engine.candidate import Candidate, CandidateManifest
+        from athanor.serve.canary import Canary
+
+        cid = msg.content_hash[:16]
+
+        def refuse(reason: str, phase: str = "failed") -> None:
+            now = time.time()
+            self.send(ident, m.DeploymentState(msg.deploy_id, cid, self.incumbent, phase, reason, {}, now, now))
+
+        if self.canary is not None and not self.canary.finished:
+            return refuse(f"deploy {self.canary.deploy_id} of {self.canary.candidate_id} is still in its canary")
+        self._retire()
+        if self.retiring is not None:
+            return refuse(f"the previous candidate {self.retiring} still serves sequences; retry in a moment")
+        if cid == self.incumbent:
+            return refuse(f"{cid} is already serving", phase="deployed")
+        candidate = Candidate(msg.source, CandidateManifest(msg.content_hash, msg.parent, msg.author, msg.description))
+        self.deploy_owner = ident
+        self.probes = [list(q) for q in msg.probes]
+        canary = Canary(self.config.canary, msg.deploy_id, cid, self.incumbent, seed=msg.deploy_id)
+        canary.phase = "building"
+        self.canary = canary
+        self._report_deploy()
+        reply = self.engine.swap(p.SwapRequest(candidate, keep_incumbent=True))
+        self.engine.activate(p.ActivateRequest(self.incumbent))  # the incumbent serves until the canary passes
+        if reply.status != "ok":
+            canary.fail(f"the candidate did not build ({reply.status}): {reply.error.strip()[-2000:]}")
+        else:
+            self.scheduler.add_candidate(cid)
+            canary.phase = "shadow"
+            log.info("deploy %d: %s built in %.2fs; shadow phase", msg.deploy_id, cid, reply.total_s)
+        self._report_deploy()
+
+    def _after_decision(self) -> None:
+        from athanor.engine import protocol as p
+
+        canary = self.canary
+        assert canary is not None
+        if canary.phase in ("deployed", "rolled_back"):
+            for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+                self.scheduler.drop_twin(seq)
+        if canary.phase == "deployed":
+            self.engine.activate(p.ActivateRequest(canary.candidate_id))
+            self.retiring, self.incumbent = self.incumbent, canary.candidate_id
+        elif canary.phase == "rolled_back":
+            self.retiring = canary.candidate_id
+            log.warning("deploy %d of %s rolled back: %s", canary.deploy_id, canary.candidate_id, canary.reason)
+        self._report_deploy()
+
+    def _retire(self) -> None:
+        from athanor.engine import protocol as p
+
+        if self.retiring is None or self.scheduler.sequences_on(self.retiring):
+            return
+        if self.retiring in self.engine.residents:
+            self.engine.drop(p.DropRequest(self.retiring))
+        self.scheduler.remove_candidate(self.retiring)
+        self.retiring = None
+
+    # -- steps ------------------------------------------------------------------------------------
+    def _route(self, seq: Sequence) -> str:
+        return self.canary.route(seq) if self.canary is not None and not self.canary.finished else self.incumbent
+
+    def _want_twin(self, seq: Sequence) -> str:
+        return self.canary.want_twin(seq) if self.canary is not None and not self.canary.finished else ""
+
+    def _maybe_probe(self) -> None:
+        canary = self.canary
+        live = [s for s in (*self.scheduler.running, *self.scheduler.waiting) if not s.is_probe]
+        if live:
+            self.last_live = time.monotonic()
+        if canary is None or not canary.wants_probe(time.monotonic() - self.last_live):
+            return
+        if sum(s.is_probe for s in self.scheduler.running) >= MAX_PROBES or self.scheduler.waiting:
+            return
+        ec = self.config.engine
+        room = ec.max_seq_len - self.config.canary.probe_tokens - 1
+        vocab = self.engine.model.spec.vocab_size
+        prompt = (self._rng.choice(self.probes) if self.probes
+                  else [self._rng.randrange(vocab) for _ in range(16)])[:room]
+        self.scheduler.submit(m.Submit(self.scheduler.probe_id(), tuple(prompt), self.config.canary.probe_tokens),
+                              is_probe=True)
+
+    def step(self) -> bool:
+        """One step; False when there was nothing to run."""
+        self._maybe_probe()
+        plan = self.scheduler.schedule(self._route, self._want_twin)
+        phase = self.canary.phase if self.canary is not None else ""
+        t = time.perf_counter()
+        if plan:
+            failures = self.executor.run(plan, self.canary)
+            for failure in failures:
+                self._failed(failure, plan)
+        finished = self.scheduler.finished
+        self.scheduler.finished = []
+        if self.canary is not None and not self.canary.finished:
+            for seq in finished:
+                self.canary.sequence_finished(seq, had_twin=seq.twin_candidate == self.canary.candidate_id)
+            self.canary.decide()
+        if self.canary is not None and self.canary.phase != phase:
+            self._after_decision()
+        self._retire()
+        if plan or finished:
+            self._report(plan.num_decode_rows, plan.num_prefill_tokens, finished, time.perf_counter() - t)
+        return bool(plan)
+
+    def _failed(self, failure: Any, plan: Any) -> None:
+        canary = self.canary
+        in_canary = canary is not None and not canary.finished
+        if failure.shadow:  # only the challenger's twin failed: the requests themselves are fine
+            if canary is not None and in_canary:
+                canary.error("shadow run", failure.error)
+            return
+        seqs = [c.seq for part in (plan.decode, plan.prefill) for c in part.get(failure.candidate_id, [])]
+        if canary is not None and in_canary and failure.candidate_id == canary.candidate_id:
+            canary.error("live phase", failure.error)
+            for seq in seqs:  # their requests continue on the incumbent, recomputed from their tokens
+                if seq in self.scheduler.running:
+                    self.scheduler.migrate(seq, self.incumbent)
+            return
+        log.error("step failed on %s: %s", failure.candidate_id, failure.error)
+        for seq in seqs:
+            if seq in self.scheduler.running:
+                self.scheduler.finish(seq, "error", failure.error.strip().splitlines()[-1])
+
+    def _report(self, num_decode_rows: int, num_prefill_tokens: int, finished: list[Sequence], seconds: float) -> None:
+        by_owner: dict[bytes, list[m.TokenOutput]] = defaultdict(list)
+        for seq in (*self.scheduler.running, *finished):
+            if seq.is_probe:
+                continue
+            start = seq.num_prompt + seq.num_emitted
+            new = seq.tokens[start:]
+            if not new and seq.finish_reason is None:
+                continue
+            seq.num_emitted += len(new)
+            ident = self.owner.get(seq.request_id)
+            if ident is None:
+                continue
+            by_owner[ident].append(m.TokenOutput(seq.request_id, tuple(new), seq.finish_reason, seq.error,
+                                                 seq.candidate_id))
+            if seq.finish_reason is not None:
+                self.owner.pop(seq.request_id, None)
+        for ident, outputs in by_owner.items():
+            self.send(ident, m.StepReport(tuple(outputs), num_decode_rows, num_prefill_tokens,
+                                          len(self.scheduler.waiting), len(self.scheduler.running), seconds))
+
+    def run(self) -> None:
+        idle_ms = self.config.scheduler.idle_poll_ms
+        while not self.stopping:
+            busy = not self.scheduler.is_idle or (self.canary is not None and not self.canary.finished)
+            self.drain(0 if busy else idle_ms)
+            if not self.stopping and not self.step() and busy:
+                time.sleep(0.002)  # waiting for probes or a decision: do not spin a core
+
+
+def run_worker(config: WorkerConfig) -> int:
+    from athanor.engine import protocol as p
+    from athanor.engine.candidate import baseline_candidate
+    from athanor.engine.worker import _watch_parent, boot
+    from athanor.serve.candidates import load_candidate_dir
+
+    engine = boot(config.engine)
+    import zmq
+
+    incumbent = load_candidate_dir(config.candidate_dir) if config.candidate_dir else baseline_candidate()
+    reply = engine.swap(p.SwapRequest(incumbent))
+    if reply.status != "ok":
+        log.error("candidate %s did not build (%s); serving the baseline", incumbent.id, reply.error)
+        reply = engine.swap(p.SwapRequest(baseline_candidate()))
+        if reply.status != "ok":
+            log.error("the baseline did not build either: %s", reply.error)
+            return 1
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    path = Path(config.socket_path)
+    path.unlink(missing_ok=True)
+    sock.bind(f"ipc://{path}")
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    log.info("serving %s on %s", engine.active, path)
+    ServingLoop(config, engine, sock).run()
+    sock.close()
+    ctx.term()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        sys.stderr.write("usage: python -m athanor.serve.worker CONFIG.json\n")
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s serve-worker %(levelname)s %(name)s: %(message)s")
+    config = WorkerConfig.from_dict(json.loads(Path(args[0]).read_text()))
+    return run_worker(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""The scheduler on its own (no model): budgets, chunked prefill, slots, stops, back-pressure, migration."""
+
+from __future__ import annotations
+
+from athanor.serve.config import SchedulerConfig
+from athanor.serve.messages import Submit
+from athanor.serve.scheduler import Scheduler
+
+
+def make(budget: int = 8, max_seqs: int = 2, max_queue: int = 4) -> Scheduler:
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=budget, max_queue=max_queue), max_seqs, max_seq_len=64)
+    s.add_candidate("A")
+    return s
+
+
+def run_step(s: Scheduler, token: int = 7) -> tuple[int, int]:
+    plan = s.schedule(lambda seq: "A")
+    for part in (plan.decode, plan.prefill):
+        for chunks in part.values():
+            for c in chunks:
+                s.complete(c, token)
+    return plan.num_decode_rows, plan.num_prefill_tokens
+
+
+def test_long_prompt_is_chunked_and_interleaved_with_decode() -> None:
+    s = make(budget=8)
+    s.submit(Submit("short", (1, 2, 3), max_tokens=5))
+    s.submit(Submit("long", tuple(range(20)), max_tokens=5))
+    assert run_step(s) == (0, 8)  # short's 3 tokens and 5 of long's
+    assert run_step(s) == (1, 7)  # short decodes; long continues its slot
+    assert run_step(s) == (1, 7)
+    assert run_step(s) == (2, 0)  # long's last prompt token rides in the decode batch
+    long = next(q for q in s.running if q.request_id == "long")
+    assert long.num_computed == 20 and long.num_generated == 1
+
+
+def test_slots_are_reused_and_the_queue_pushes_back() -> None:
+    s = make(max_seqs=2, max_queue=2)
+    for i in range(2):
+        s.submit(Submit(f"r{i}", (1, 2), max_tokens=2))
+    s.schedule(lambda seq: "A")  # both admitted: the queue is empty again
+    assert s.submit(Submit("r2", (1, 2), max_tokens=2)) is not None
+    assert s.submit(Submit("r3", (1,), max_tokens=2)) is not None
+    assert s.submit(Submit("r4", (1,), max_tokens=2)) is None  # back-pressure
+    assert len(s.running) == 2 and len(s.waiting) == 2
+    while not s.is_idle:
+        run_step(s)
+    assert sorted(q.request_id for q in s.finished) == ["r0", "r1", "r2", "r3"]
+    assert all(q.finish_reason == "length" and q.num_generated == 2 for q in s.finished)
+    assert s.pools["A"].num_free == 2
+
+
+def test_stop_id_ends_without_emitting_it_and_abort_frees_the_slot() -> None:
+    s = make()
+    s.submit(Submit("a", (1, 2), max_tokens=10, stop_ids=(9,)))
+    s.submit(Submit("b", (1, 2), max_tokens=10))
+    run_step(s, token=5)
+    run_step(s, token=9)
+    a = next(q for q in s.finished if q.request_id == "a")
+    assert a.finish_reason == "stop" and a.tokens == [1, 2, 5]
+    b = s.abort("b")
+    assert b is not None and b.finish_reason == "abort" and s.is_idle and s.pools["A"].num_free == 2
+
+
+def test_migrated_sequence_recomputes_its_tokens_elsewhere() -> None:
+    s = make(budget=16)
+    s.add_candidate("B")
+    s.submit(Submit("m", (1, 2, 3), max_tokens=10))
+    s.schedule(lambda seq: "B")
+    seq = s.running[0]
+    for c in s.schedule(lambda q: "B").prefill.get("B", []):
+        s.complete(c, 4)
+    s.migrate(seq, "A")
+    plan = s.schedule(lambda q: "B")
+    assert seq.candidate_id == "A" and plan.prefill["A"][0].start == 0 and plan.prefill["A"][0].end == 4
