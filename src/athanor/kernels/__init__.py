@@ -23,6 +23,7 @@ from athanor.kernels.moe import (
     route,
 )
 from athanor.kernels.norm import add_rms_norm, rms_norm
+from athanor.kernels.per_seq_attention import decode_attention_per_seq
 from athanor.kernels.rope import rope, rope_and_cache
 from athanor.kernels.sampling import greedy, sample_top_k_top_p
 
@@ -31,6 +32,7 @@ __all__ = [
     "ExpertGroups",
     "add_rms_norm",
     "decode_attention",
+    "decode_attention_per_seq",
     "greedy",
     "group_by_expert",
     "grouped_mm",

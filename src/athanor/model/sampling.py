@@ -41,6 +41,16 @@ def sample(logits: Tensor, temperature: Tensor, top_p: Tensor, seeds: Tensor, po
     """
     logits = logits.float()
     greedy = torch.argmax(logits, dim=-1)
+    if not (logits.is_cuda and torch.cuda.is_current_stream_capturing()):
+        # Eagerly a host check is free: skip work whose result is known. The sort below keeps
+        # every token when top_p >= 1, and each token meets its own noise either way, so skipping
+        # it draws the same tokens.
+        if bool((temperature <= 0).all()):
+            return greedy
+        if bool((top_p >= 1).all()):
+            race = torch.softmax(logits / torch.clamp(temperature, min=1e-5)[:, None], dim=-1) / (
+                -torch.log(uniform_noise(seeds, positions, logits.shape[-1])))
+            return torch.where(temperature > 0, torch.argmax(race, dim=-1), greedy)
     temp = torch.clamp(temperature, min=1e-5)[:, None]
     probs = torch.softmax(logits / temp, dim=-1)
     sorted_probs, sorted_ids = torch.sort(probs, dim=-1, descending=True)

@@ -29,10 +29,11 @@ BEST_CUDA: dict[str, Any] = {
 }
 
 BEST_CPU: dict[str, Any] = {
-    # On CPU Triton does not run (the kernels fall back to torch); only weight fusions pay.
-    "fused_qkv": True,
-    "fused_gate_up": True,
+    # On CPU Triton does not run (the kernels fall back to torch) and nothing captures graphs; what pays
+    # is reading less memory: attention over each slot's cache view instead of a gathered copy.
+    "attention": "torch_per_seq",
     "moe": "grouped_mm",
+    "graphs": False,
 }
 
 

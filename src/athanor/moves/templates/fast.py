@@ -22,6 +22,7 @@ from torch import Tensor
 from athanor.kernels import (
     add_rms_norm,
     decode_attention,
+    decode_attention_per_seq,
     linear,
     moe_experts,
     rms_norm,
@@ -120,7 +121,9 @@ class FastForward:
         self.model, self.spec, self.ctx = model, spec, ctx
         self.eps = spec.rms_norm_eps
         # A MoE loop has data-dependent shapes and host syncs: such a decode cannot be captured.
-        self.graph_safe = bool(OPTIONS["graphs"]) and (spec.moe is None or OPTIONS["moe"] != "loop")
+        # The per-sequence attention loop and the reference MoE loop sync with the host.
+        self.graph_safe = (bool(OPTIONS["graphs"]) and OPTIONS["attention"] != "torch_per_seq"
+                           and (spec.moe is None or OPTIONS["moe"] != "loop"))
         self.layers = [Layer(model, i) for i in range(spec.num_layers)]
         self.embed, self.norm, self.lm_head = model.get("embed"), model.get("norm"), model.get("lm_head")
         positions = torch.arange(ctx.max_seq_len, dtype=torch.float32)
@@ -252,8 +255,11 @@ class FastForward:
                 q, k = rope(q, k, self.cos, self.sin, positions, impl=impl("rope"))
                 kc[slots, :, positions] = k
                 vc[slots, :, positions] = v
-            attn = decode_attention(q.contiguous(), kc, vc, slots, kv_lens, static=static,
-                                    impl=impl("attention"))
+            if OPTIONS["attention"] == "torch_per_seq":
+                attn = decode_attention_per_seq(q, kc, vc, slots, kv_lens)
+            else:
+                attn = decode_attention(q.contiguous(), kc, vc, slots, kv_lens, static=static,
+                                        impl=impl("attention"))
             x = self._linear(attn.flatten(1), layer.wo)
             h, residual = self._norm(x, residual, layer.mlp_norm)
             x = self._mlp(i, layer, h)

@@ -1,0 +1,94 @@
+"""`athanor compile`: the main job — find a faster, verified forward pass for a model and its traffic."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from athanor.errors import ConfigError
+
+_UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def parse_duration(text: str, flag: str = "--budget") -> float:
+    """`90`, `90s`, `3m`, `1.5h` -> seconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
+    if not m or float(m.group(1)) <= 0:
+        raise ConfigError(f"{flag} {text}: use a positive duration such as 180s, 3m or 1h")
+    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compile", help="search for a faster verified forward pass (the main job)")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--traffic", default="preset:chat", help="a trace file or preset:chat|code|agent")
+    p.add_argument("--budget", default="3m", help="wall-clock budget, e.g. 180s, 3m, 1h")
+    p.add_argument("--agents", default="variant", help="comma-separated: variant, llm, cli")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    p.add_argument("--dtype", default="", help="float32, bfloat16 (default: fp32 on CPU, bf16 on CUDA)")
+    p.add_argument("--out", default="runs/latest", help="run directory (store, winner/, report.md, report.json)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument("--bitwise", action="store_true", help="demand outputs identical to the reference")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-seqs", type=int, default=0, help="engine slots (0: device default)")
+    p.add_argument("--max-seq-len", type=int, default=0, help="longest context held (0: device default)")
+    g = p.add_argument_group("LLM coder (--agents llm)")
+    g.add_argument("--llm-base-url", default=None)
+    g.add_argument("--llm-model", default=None)
+    g.add_argument("--llm-api-key-env", default=None, help="environment variable holding the API key")
+    g.add_argument("--llm-prompt", default=None, help="naive, expert, or a prompt file")
+    g = p.add_argument_group("CLI agent (--agents cli)")
+    g.add_argument("--cli-command", default=None, help="e.g. 'claude -p {prompt}' or 'codex exec {prompt}'")
+    g.add_argument("--cli-time-limit", type=float, default=None)
+    p.set_defaults(func=cmd_compile)
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from rich.console import Console
+
+    from athanor.agents.config import AgentsConfig, CLIAgentConfig, LLMConfig
+    from athanor.agents.registry import parse_agent_names
+    from athanor.loop import CompileConfig, compile_session
+    from athanor.model.device import resolve_device
+
+    console = Console(highlight=False)
+    device = resolve_device(args.device)
+    llm = {k: v for k, v in {"base_url": args.llm_base_url, "model": args.llm_model,
+                             "api_key_env": args.llm_api_key_env, "prompt": args.llm_prompt}.items() if v is not None}
+    cli = {k: v for k, v in {"command": args.cli_command, "time_limit_s": args.cli_time_limit}.items()
+           if v is not None}
+    cli["model"] = args.model
+    config = CompileConfig(
+        model=args.model, traffic=args.traffic, budget_s=parse_duration(args.budget),
+        agents=tuple(parse_agent_names(args.agents)), device=device.type, dtype=args.dtype, out_dir=Path(args.out),
+        resume=args.resume, bitwise=args.bitwise, seed=args.seed, max_seqs=args.max_seqs,
+        max_seq_len=args.max_seq_len,
+        agents_config=AgentsConfig(llm=dataclasses.replace(LLMConfig(), **llm),
+                                   cli=dataclasses.replace(CLIAgentConfig(), **cli)),
+    )
+    report = compile_session(config, on_event=lambda line: console.print(line, markup=False, soft_wrap=True))
+    _print_summary(console, report.summary)
+    if report.interrupted:
+        return 130
+    return 0 if report.verified else 1
+
+
+def _print_summary(console, summary: dict) -> None:
+    from rich.table import Table
+
+    table = Table("rank", "candidate", "author", "tier", "speedup [95% CI]", "s / 1k requests", title="leaderboard")
+    for e in summary["leaderboard"]:
+        table.add_row(str(e["rank"]), e["candidate_id"], e["author"], e["tier"],
+                      f"x{e['speedup']:.3f} [{e['speedup_ci_low']:.3f}, {e['speedup_ci_high']:.3f}]",
+                      f"{e['gpu_s_per_1k']:.1f}")
+    console.print(table)
+    if summary["verified"]:
+        s = summary["speedup"]
+        console.print(f"verified winner {summary['winner_id']}: x{s['median']:.3f} over the reference "
+                      f"(95% CI [{s['ci_low']:.3f}, {s['ci_high']:.3f}], whole model) -> "
+                      f"{summary.get('out_dir', '')}winner/", markup=False)
+    else:
+        console.print(f"no verified winner: {summary.get('reason', '')}", markup=False)

@@ -1,0 +1,6 @@
+"""The controller: one compile session (`compile_session`), and later the continuous watch cycle."""
+
+from athanor.loop.config import CompileConfig
+from athanor.loop.session import CompileReport, compile_session
+
+__all__ = ["CompileConfig", "CompileReport", "compile_session"]

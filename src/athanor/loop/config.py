@@ -1,0 +1,66 @@
+"""`CompileConfig`: one compile session's inputs, with defaults sized for the device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from athanor.agents.config import AgentsConfig
+from athanor.evaluate import EvaluateConfig
+from athanor.evaluate.cascade import model_spec
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    model: str = "smollm2-135m"
+    traffic: str = "preset:chat"
+    """A trace file, a saved profile, or `preset:chat|code|agent` (the built-in default needs no file)."""
+    budget_s: float = 180.0
+    """Wall-clock budget of the search; the slow-tier confirmation of the best candidate is inside it."""
+    agents: tuple[str, ...] = ("variant",)
+    device: str = "cpu"
+    dtype: str = ""
+    out_dir: Path = Path("runs/latest")
+    resume: bool = False
+    bitwise: bool = False
+    seed: int = 0
+    max_seqs: int = 0
+    """Engine slots (largest timed decode batch); 0: the device's default."""
+    max_seq_len: int = 0
+    """Longest context the engines hold (prefill chunks are clipped to half); 0: the device's default."""
+    fast_layers: int = 0
+    """Layers of the fast tier; 0: a fifth of the model (at least 2), so that layer work, not the LM head,
+    dominates what the fast tier sees."""
+    confirm_reserve_s: float = 0.0
+    """Seconds kept back for the slow-tier confirmation; 0: the device's default."""
+    agents_config: AgentsConfig = field(default_factory=AgentsConfig)
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.device == "cpu"
+
+    def evaluate_config(self, tier: str) -> EvaluateConfig:
+        """The evaluator of one tier. On a 2-core CPU the slow tier (the whole model) is timed on fewer
+        pairs and shorter prefills, or one confirmation would outlast a demo's budget; its interval
+        says what that costs in certainty."""
+        base = EvaluateConfig(
+            model=self.model, device=self.device, dtype=self.dtype, tier=tier,
+            fast_layers=self.fast_layers or max(2, model_spec(self.model).num_layers // 5),
+            traffic=self.traffic, bitwise=self.bitwise,
+            max_seqs=self.max_seqs or (16 if self.on_cpu else 64),
+            max_seq_len=self.max_seq_len or (1024 if self.on_cpu else 4096),
+            seed=None,
+        )
+        if not self.on_cpu:
+            return base
+        # On a 2-core CPU one step of the whole model takes ~0.1-1 s: time fewer pairs (the interval
+        # says what that costs in certainty) and only the shapes that carry the workload.
+        if tier == "slow":
+            return replace(base, decode_pairs=16, prefill_pairs=6, warmup=2, max_decode_shapes=1,
+                           max_seq_len=min(base.max_seq_len, 768))
+        return replace(base, decode_pairs=30, prefill_pairs=12, warmup=3, max_decode_shapes=1)
+
+    @property
+    def reserve_s(self) -> float:
+        """Seconds of the budget kept for confirming on the slow tier (at most 40% of it)."""
+        return min(self.confirm_reserve_s or (75.0 if self.on_cpu else 120.0), 0.4 * self.budget_s)

@@ -1,0 +1,232 @@
+"""One compile session: profile -> workload -> agents -> fast-tier screening -> slow-tier confirmation -> winner.
+
+Every candidate is measured against the reference forward (the baseline every figure is quoted
+against), first on the fast tier (a few layers, projected to the whole model); the best
+fast-tier winners are confirmed on the slow tier (the whole model). Everything lands in the
+run's store as it happens, so Ctrl-C keeps every result and `--resume` continues the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from athanor.agents.base import Agent, AgentContext, AgentError
+from athanor.agents.board import Board
+from athanor.agents.budget import BudgetAllocator
+from athanor.agents.registry import make_agents, register_agent
+from athanor.agents.variant import VariantConfig, VariantSearch
+from athanor.engine.candidate import Candidate, baseline_candidate
+from athanor.errors import ConfigError
+from athanor.evaluate import Evaluator, Verdict
+from athanor.loop.config import CompileConfig
+from athanor.loop.report import write_report
+from athanor.store import EvaluationRecord, Store, open_store
+from athanor.traffic import TrafficProfile, load_profile
+
+log = logging.getLogger(__name__)
+Events = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    """What a session concluded (the whole record is `out_dir/report.json`)."""
+
+    run_id: str
+    out_dir: Path
+    verified: bool
+    winner_id: str | None
+    speedup: dict[str, float] = field(default_factory=dict)
+    interrupted: bool = False
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def _variant_factory(config: CompileConfig) -> Callable[..., Agent]:
+    def make(agents_config: Any, board: Board | None) -> Agent:
+        return VariantSearch(agents_config.variant or VariantConfig(device=config.device), board=board)
+    return make
+
+
+class Session:
+    def __init__(self, config: CompileConfig, on_event: Events) -> None:
+        self.config = config
+        self.emit = on_event
+        config.out_dir.mkdir(parents=True, exist_ok=True)
+        self.store: Store = open_store(config.out_dir)
+        self.profile: TrafficProfile = load_profile(config.traffic)
+        self.reference = baseline_candidate()
+        self.run_id = self._start_or_resume()
+        self.board = Board(self.store, self.run_id)
+        from athanor.evaluate.cascade import model_spec
+
+        self.spec = model_spec(config.model)
+        register_agent("variant", _variant_factory(config))
+        variant = VariantConfig(device="cpu" if config.on_cpu else "cuda", moe=self.spec.moe is not None,
+                                seed=config.seed, include_compile=config.budget_s >= 600)
+        agents_config = config.agents_config.__class__(**{**config.agents_config.__dict__, "variant": variant})
+        self.agents = make_agents(list(config.agents), agents_config, board=self.board)
+        self.budget = BudgetAllocator([a.name for a in self.agents])
+        self.sources: dict[str, Candidate] = {self.reference.id: self.reference}
+        self.fast_verdicts: dict[str, Verdict] = {}
+        self.slow_verdicts: dict[str, Verdict] = {}
+        self._warm_start()
+
+    # -- set-up -------------------------------------------------------------------------------
+    def _start_or_resume(self) -> str:
+        cfg = self.config
+        runs = self.store.runs(limit=1)
+        if cfg.resume:
+            if not runs:
+                raise ConfigError(f"--resume: {cfg.out_dir} holds no run to resume; drop --resume to start one")
+            run = self.store.resume_run(runs[0].id)
+            self.emit(f"resuming run {run.id} ({len(self.store.evaluations(run.id))} evaluations so far)")
+        else:
+            if runs:
+                raise ConfigError(f"--out {cfg.out_dir}: already holds run {runs[0].id}; pass --resume to continue "
+                                  "it or choose another --out")
+            run = self.store.add_run(cfg.model, cfg.traffic, cfg.device,
+                                     config={"budget_s": cfg.budget_s, "agents": list(cfg.agents), "seed": cfg.seed})
+            self.store.add_traffic_snapshot(cfg.traffic, self.profile.to_dict(), run_id=run.id)
+        self.store.add_candidate(run.id, self.reference.source, author="reference",
+                                 description="the reference forward (baseline)")
+        return run.id
+
+    def _warm_start(self) -> None:
+        """On --resume: the candidates and verdicts so far, and the variant search's history."""
+        history = []
+        for ev in self.store.evaluations(self.run_id):
+            record = self.store.get_candidate(self.run_id, ev.candidate_id)
+            if record is None or not ev.figures:
+                continue
+            cand = Candidate.from_source(record.source, parent=record.parent_id, author=record.author,
+                                         description=record.description)
+            self.sources[cand.id] = cand
+            verdict = Verdict.from_dict(ev.figures)
+            (self.fast_verdicts if ev.tier == "fast" else self.slow_verdicts)[cand.id] = verdict
+            if ev.tier == "fast":
+                history.append((record.source, ev))
+        for agent in self.agents:
+            if isinstance(agent, VariantSearch):
+                agent.warm_start(history)
+
+    # -- the loop -----------------------------------------------------------------------------
+    def run(self) -> CompileReport:
+        cfg = self.config
+        start = time.monotonic()
+        deadline = start + cfg.budget_s
+        interrupted = False
+        fast = Evaluator(cfg.evaluate_config("fast"))
+        slow = Evaluator(cfg.evaluate_config("slow"))
+        try:
+            self.emit(f"run {self.run_id}: {cfg.model} on {cfg.device}, traffic {cfg.traffic}, "
+                      f"budget {cfg.budget_s:.0f} s, agents {', '.join(a.name for a in self.agents)}")
+            self._search(fast, deadline - cfg.reserve_s)
+            self._confirm(slow, deadline)
+        except KeyboardInterrupt:
+            interrupted = True
+            self.emit("interrupted: every result so far is in the store; --resume continues the run")
+        finally:
+            fast.close()
+            slow.close()
+        summary = write_report(self, time.monotonic() - start, interrupted)
+        status = "interrupted" if interrupted else "finished"
+        self.store.finish_run(self.run_id, status=status, summary=summary)
+        return CompileReport(self.run_id, cfg.out_dir, bool(summary["verified"]), summary.get("winner_id"),
+                             summary.get("speedup", {}), interrupted, summary)
+
+    def _search(self, fast: Evaluator, until: float) -> None:
+        active = {a.name: a for a in self.agents}
+        while time.monotonic() < until and active:
+            agent = active[self.budget.choose(list(active))]
+            try:
+                proposals = agent.propose(self._context())
+            except AgentError as e:
+                self.board.warning(agent.name, str(e))
+                self.emit(f"{agent.name}: {e} (agent stopped)")
+                del active[agent.name]
+                continue
+            if not proposals:
+                self.emit(f"{agent.name}: nothing new to propose")
+                del active[agent.name]
+                continue
+            for proposal in proposals:
+                if time.monotonic() >= until:
+                    break
+                cand = Candidate.from_source(proposal.source, parent=proposal.parent_id, author=proposal.author,
+                                             description=proposal.description)
+                self.sources[cand.id] = cand
+                self.store.add_candidate(self.run_id, cand.source, parent_id=proposal.parent_id,
+                                         author=proposal.author, description=proposal.description,
+                                         manifest=cand.manifest.__dict__)
+                verdict = fast.evaluate(cand, self.reference)
+                self.fast_verdicts[cand.id] = verdict
+                record = self.store.record_verdict(self.run_id, verdict.to_dict(), tier="fast")
+                for a in self.agents:
+                    a.observe([record])
+                self.budget.record_evaluation(record)
+                self.emit(_line("fast", proposal.author, proposal.description, verdict))
+
+    def _confirm(self, slow: Evaluator, deadline: float) -> None:
+        """Confirm fast-tier winners on the whole model, best projected cost first, while time remains."""
+        ranked = sorted((v for v in self.fast_verdicts.values() if v.accepted and v.candidate_id not in
+                         self.slow_verdicts), key=lambda v: v.gpu_s_per_1k_requests)
+        if not ranked:
+            self.emit("no candidate passed the fast tier: nothing to confirm")
+        for verdict in ranked:
+            # The first confirmation always runs (a session without one has no verified result).
+            if self.slow_verdicts and time.monotonic() >= deadline:
+                break
+            cand = self.sources[verdict.candidate_id]
+            slow_verdict = slow.evaluate(cand, self.reference)
+            self.slow_verdicts[cand.id] = slow_verdict
+            record = self.store.record_verdict(self.run_id, slow_verdict.to_dict(), tier="slow")
+            for a in self.agents:
+                a.observe([record])
+            self.emit(_line("slow", cand.manifest.author, cand.manifest.description, slow_verdict))
+            if slow_verdict.accepted:
+                break
+
+    def _context(self) -> AgentContext:
+        incumbent = self.winner_id() or self.reference.id
+        source = self.sources[incumbent].source
+        return AgentContext(
+            run_id=self.run_id, incumbent_id=incumbent, incumbent_source=source,
+            leaderboard=tuple(self.store.leaderboard(self.run_id, 10)),
+            recent_verdicts=tuple(self.store.recent_verdicts(self.run_id, 8)),
+            posts=self.board.recent(20), model_summary=_model_summary(self.spec, self.config),
+            traffic_summary=self.profile.summary(),
+        )
+
+    # -- results ------------------------------------------------------------------------------
+    def winner_id(self) -> str | None:
+        """The slow-tier-accepted candidate with the lowest projected cost (None before any)."""
+        accepted = [v for v in self.slow_verdicts.values() if v.accepted]
+        return min(accepted, key=lambda v: v.gpu_s_per_1k_requests).candidate_id if accepted else None
+
+    def evaluations(self) -> list[EvaluationRecord]:
+        return self.store.evaluations(self.run_id)
+
+
+def _line(tier: str, author: str, description: str, v: Verdict) -> str:
+    s = v.speedup
+    figure = f"x{s.median:.3f} [{s.ci_low:.3f}, {s.ci_high:.3f}]" if not math.isnan(s.median) else "-"
+    verdict = "ACCEPTED" if v.accepted else f"{v.status} at {v.stage}"
+    return f"[{tier}] {v.candidate_id} {author}: {description[:60]} -> {verdict} {figure} ({v.wall_s:.0f} s)" + (
+        "" if v.accepted else f": {v.reason[:100]}")
+
+
+def _model_summary(spec: Any, config: CompileConfig) -> str:
+    kind = f"MoE {spec.moe.num_experts}x top-{spec.moe.top_k}" if spec.moe else "dense"
+    return (f"{spec.name}: {kind}, {spec.num_layers} layers, hidden {spec.hidden_size}, heads {spec.num_heads}/"
+            f"{spec.num_kv_heads} (q/kv), head_dim {spec.head_dim}, vocab {spec.vocab_size}; "
+            f"device {config.device}, dtype {config.dtype or 'as stored'}")
+
+
+def compile_session(config: CompileConfig, on_event: Events = log.info) -> CompileReport:
+    """Run one compile session (see the module docstring) and write its report and winner."""
+    return Session(config, on_event).run()

@@ -1,0 +1,96 @@
+"""The compile loop end to end on a tiny preset: report, store, resume, bad configuration."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from athanor.errors import ConfigError
+from athanor.loop import CompileConfig, compile_session
+from athanor.store import open_store
+
+
+def _config(out: Path, **kw) -> CompileConfig:
+    base = dict(model="tiny-dense", traffic="preset:chat", budget_s=40.0, out_dir=out, max_seqs=8, max_seq_len=256)
+    return CompileConfig(**{**base, **kw})
+
+
+def test_the_whole_loop_on_a_tiny_preset(tmp_path: Path) -> None:
+    events: list[str] = []
+    report = compile_session(_config(tmp_path / "run"), on_event=events.append)
+    data = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert data["run_id"] == report.run_id and data["verified"] == report.verified
+    assert data["candidates_evaluated"]["per_agent"].get("variant", 0) >= 1
+    assert (tmp_path / "run" / "report.md").read_text().startswith("# athanor compile: tiny-dense")
+    assert any(line.startswith("[fast]") for line in events)
+    with open_store(tmp_path / "run") as store:
+        run = store.get_run(report.run_id)
+        assert run is not None and run.status == "finished"
+        evaluations = store.evaluations(report.run_id)
+        assert len(evaluations) == sum(data["candidates_evaluated"]["per_tier"].values())
+        assert all(ev.stage for ev in evaluations)
+    if report.verified:
+        winner = tmp_path / "run" / "winner"
+        assert (winner / "candidate.py").is_file() and (winner / "manifest.json").is_file()
+        assert json.loads((winner / "verification.json").read_text())["slow"]["accepted"] is True
+
+
+def test_interrupt_keeps_results_and_resume_continues(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+
+    def interrupt_after_first(line: str) -> None:
+        if line.startswith("[fast]"):
+            raise KeyboardInterrupt
+
+    first = compile_session(_config(out), on_event=interrupt_after_first)
+    assert first.interrupted
+    with open_store(out) as store:
+        assert store.get_run(first.run_id).status == "interrupted"  # type: ignore[union-attr]
+        done = {ev.candidate_id for ev in store.evaluations(first.run_id)}
+    assert len(done) == 1
+    with pytest.raises(ConfigError, match="--resume"):
+        compile_session(_config(out))
+    second = compile_session(_config(out, resume=True, budget_s=15.0), on_event=lambda _: None)
+    assert second.run_id == first.run_id and not second.interrupted
+    with open_store(out) as store:
+        evaluations = store.evaluations(first.run_id)
+    fast_ids = [ev.candidate_id for ev in evaluations if ev.tier == "fast"]
+    assert len(fast_ids) > 1 and len(set(fast_ids)) == len(fast_ids)  # nothing evaluated twice
+
+
+def test_bad_configuration(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--agents: unknown agent 'nope'"):
+        compile_session(_config(tmp_path / "a", agents=("variant", "nope")))
+    env = "ATHANOR_TEST_NO_SUCH_KEY"
+    os.environ.pop(env, None)
+    from athanor.agents.config import AgentsConfig, LLMConfig
+
+    with pytest.raises(ConfigError, match=env):
+        compile_session(_config(tmp_path / "b", agents=("llm",),
+                                agents_config=AgentsConfig(llm=LLMConfig(api_key_env=env))))
+    with pytest.raises(ConfigError, match="--resume"):
+        compile_session(_config(tmp_path / "c", resume=True))
+
+
+def test_an_unreachable_endpoint_stops_that_agent_not_the_run(tmp_path: Path) -> None:
+    from athanor.agents.config import AgentsConfig, LLMConfig
+
+    events: list[str] = []
+    config = _config(tmp_path / "run", agents=("llm", "variant"), budget_s=15.0, agents_config=AgentsConfig(
+        llm=LLMConfig(base_url="http://127.0.0.1:9/v1", api_key_env="", max_retries=0, timeout_s=5)))
+    report = compile_session(config, on_event=events.append)
+    assert any(line.startswith("llm:") and "agent stopped" in line for line in events), events
+    assert report.summary["candidates_evaluated"]["per_agent"].get("variant", 0) >= 1
+
+
+def test_cli_errors_are_one_line() -> None:
+    for args, needle in ((["--agents", "nope"], "--agents"), (["--budget", "soon"], "--budget soon")):
+        done = subprocess.run([sys.executable, "-m", "athanor", "compile", "--model", "tiny-dense", *args],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and "Traceback" not in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and needle in done.stderr
