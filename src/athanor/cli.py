@@ -16,7 +16,7 @@ from athanor import __version__
 from athanor.errors import AthanorError
 
 # Modules under athanor.commands that define `register(subparsers)`.
-COMMAND_MODULES = ("model", "traffic", "engine", "evaluate", "compile", "serve", "bench")
+COMMAND_MODULES = ("model", "traffic", "engine", "evaluate", "compile", "bench", "serve")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,9 +1,7 @@
 """`athanor serve`, `athanor watch` and `athanor bench serve`: thin wrappers over `athanor.serve`.
 
 `bench serve` joins the `bench` command's sub-parsers (see commands/bench.py, which stores them as the
-`bench_subparsers` default of the `bench` parser). `serve` registers before `bench` in the CLI's
-order, so when `bench` does not exist yet, the `bench` parser gets `serve` added the moment its
-sub-parsers are created.
+`bench_subparsers` default of the `bench` parser; `bench` registers before `serve`).
 """
 
 from __future__ import annotations
@@ -12,7 +10,6 @@ import argparse
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -52,30 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--once", action="store_true", help="stop at the end of the log instead of following it")
     w.set_defaults(func=cmd_watch)
 
-    bench = sub.choices.get("bench")
-    if bench is not None:
-        _register_bench(bench.get_default("bench_subparsers"))
-    else:
-        _when_bench_appears(sub)
-
-
-def _when_bench_appears(sub: argparse._SubParsersAction) -> None:
-    original = sub.add_parser
-
-    def add_parser(name: str, **kwargs: Any) -> argparse.ArgumentParser:
-        parser = original(name, **kwargs)
-        if name == "bench":
-            make_sub = parser.add_subparsers
-
-            def add_subparsers(**kw: Any) -> argparse._SubParsersAction:
-                bench_sub = make_sub(**kw)
-                _register_bench(bench_sub)
-                return bench_sub
-
-            parser.add_subparsers = add_subparsers
-        return parser
-
-    sub.add_parser = add_parser  # type: ignore[method-assign]
+    # `bench` registers first (see COMMAND_MODULES in athanor.cli) and keeps its sub-parsers as a default.
+    _register_bench(sub.choices["bench"].get_default("bench_subparsers"))
 
 
 def _register_bench(bench_sub: argparse._SubParsersAction) -> None:
