@@ -10,6 +10,8 @@ recorded with its error and the others continue. Usage:
     python bench/decode_matrix.py --part 0               # one part (writes JSON under $OUT)
     python bench/decode_matrix.py --part all             # every part, one after another
     python bench/decode_matrix.py --table                # the table of every JSON under $OUT
+    python bench/decode_matrix.py --cells llama-3.2-1b:best:1:1024,llama-3.2-1b:reference+compile:1:1024
+                                                         # ad-hoc cells (MODEL:CANDIDATE[+compile]:BATCH:CONTEXT)
 
 $OUT defaults to bench/results. Each cell writes decode_<model>_<candidate>_b<B>_c<C>.json.
 """
@@ -66,36 +68,54 @@ def cell_name(cell: Cell) -> str:
     return f"decode_{model}_{candidate}{'+compile' if use_compile else ''}_b{b}_c{c}"
 
 
-def run_part(index: int, out: Path, routing: str | None) -> list[dict[str, Any]]:
-    from athanor.model.registry import load_model
-    from athanor.moves.decode_bench import bench_decode, replay_routing
+def parse_cells(spec: str) -> list[Cell]:
+    """Cells from "MODEL:CANDIDATE[+compile]:BATCH:CONTEXT,..." (e.g. llama-3.2-1b:reference+compile:1:1024)."""
+    cells: list[Cell] = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        fields = item.split(":")
+        if len(fields) != 4:
+            raise SystemExit(f"--cells: {item!r} is not MODEL:CANDIDATE[+compile]:BATCH:CONTEXT")
+        model, candidate, batch, context = fields
+        use_compile = candidate.endswith("+compile")
+        cells.append((model, candidate.removesuffix("+compile"), use_compile, int(batch), int(context)))
+    return cells
 
-    cells = PARTS[index]
+
+def run_part(index: int, out: Path, routing: str | None) -> list[dict[str, Any]]:
+    return run_cells(PARTS[index], out, routing, PART_BUDGET_S, part=index)
+
+
+def run_cells(cells: list[Cell], out: Path, routing: str | None, budget_s: float,
+              part: int | None = None) -> list[dict[str, Any]]:
+    """Time `cells` in order, loading each model once per run of consecutive cells of that model; no
+    cell starts after `budget_s` seconds (the rest are recorded as skipped)."""
+    from athanor.moves.decode_bench import bench_decode
+
     started = time.perf_counter()
-    model_name = cells[0][0]
     records: list[dict[str, Any]] = []
-    try:
-        model = load_model(model_name, device="cuda", dtype=torch.bfloat16)
-        if model.spec.moe is not None:
-            model, _ = replay_routing(model, routing, max_batch=max(BATCHES))
-    except Exception as e:  # a part that cannot even load its model records that for every cell
-        model = None
-        load_error = f"{type(e).__name__}: {e}"
+    loaded: tuple[str, Any, str] | None = None  # (model name, model or None, load error)
+    model: Any = None
     for cell in cells:
-        _, candidate, use_compile, batch, context = cell
+        model_name, candidate, use_compile, batch, context = cell
+        if loaded is None or loaded[0] != model_name:
+            loaded = model = None  # free the previous model's weights before loading the next
+            gc.collect()
+            torch.cuda.empty_cache()
+            loaded = _load(model_name, routing)
+        _, model, load_error = loaded
         base = {"benchmark": "decode", "model": model_name, "candidate": candidate, "compile": use_compile,
-                "batch": batch, "context": context, "part": index}
+                "batch": batch, "context": context, "part": part}
         if model is None:
             record = {**base, "status": "error", "error": f"model did not load: {load_error}"}
-        elif time.perf_counter() - started > PART_BUDGET_S:
-            record = {**base, "status": "skipped", "error": f"part {index} ran out of its {PART_BUDGET_S} s budget"}
+        elif time.perf_counter() - started > budget_s:
+            record = {**base, "status": "skipped", "error": f"ran out of its {budget_s:.0f} s budget"}
         else:
             t = time.perf_counter()
             try:
                 record = bench_decode(model_name, batch, context, candidate=candidate, use_compile=use_compile,
                                       iters=10 if model.spec.moe is not None else 20, min_time_s=0.5,
                                       routing=routing, model=model)
-                record["part"] = index
+                record["part"] = part
             except Exception as e:  # recorded, and the next cell runs
                 record = {**base, "status": "error", "error": f"{type(e).__name__}: {e}",
                           "traceback": traceback.format_exc()[-4000:]}
@@ -104,9 +124,23 @@ def run_part(index: int, out: Path, routing: str | None) -> list[dict[str, Any]]
         torch.cuda.empty_cache()
         (out / f"{cell_name(cell)}.json").write_text(json.dumps(record, indent=2) + "\n")
         records.append(record)
-        print(f"part {index}: {cell_name(cell)}: {record['status']} "
+        print(f"{'' if part is None else f'part {part}: '}{cell_name(cell)}: {record['status']} "
               f"{record.get('ms_per_token', float('nan')):.3f} ms", file=sys.stderr, flush=True)
     return records
+
+
+def _load(model_name: str, routing: str | None) -> tuple[str, Any, str]:
+    """(name, model, "") or (name, None, why it did not load): a model that fails fails its cells only."""
+    from athanor.model.registry import load_model
+    from athanor.moves.decode_bench import replay_routing
+
+    try:
+        model = load_model(model_name, device="cuda", dtype=torch.bfloat16)
+        if model.spec.moe is not None:
+            model, _ = replay_routing(model, routing, max_batch=max(BATCHES))
+        return model_name, model, ""
+    except Exception as e:  # recorded for every cell of this model
+        return model_name, None, f"{type(e).__name__}: {e}"
 
 
 def table(out: Path) -> str:
@@ -114,6 +148,8 @@ def table(out: Path) -> str:
     rows = []
     for path in sorted(out.glob("decode_*.json")):
         r = json.loads(path.read_text())
+        if not isinstance(r, dict):  # decode_matrix_part*.json / decode_cells.json: lists of the cells' records
+            continue
         label = r["candidate"] + ("+compile" if r.get("compile") else "")
         if r.get("status") == "ok":
             share = r.get("roofline_share")
@@ -133,6 +169,9 @@ def main() -> int:
     parser.add_argument("--list", action="store_true", help="print the parts and exit")
     parser.add_argument("--table", action="store_true", help="print the table of the results under $OUT")
     parser.add_argument("--routing", default="", help="RoutingProfile JSON for qwen3 (default: Zipf-parametric)")
+    parser.add_argument("--cells", default="", help="ad-hoc cells MODEL:CANDIDATE[+compile]:BATCH:CONTEXT,...")
+    parser.add_argument("--budget", type=float, default=PART_BUDGET_S, help="--cells: start no cell after this "
+                                                                            "many seconds")
     args = parser.parse_args()
     out = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
     out.mkdir(parents=True, exist_ok=True)
@@ -140,7 +179,13 @@ def main() -> int:
         for i, cells in enumerate(PARTS):
             print(f"part {i}: {len(cells)} cells: " + ", ".join(cell_name(c) for c in cells))
         return 0
-    if args.part is not None:
+    if args.cells:
+        if not torch.cuda.is_available():
+            print("decode_matrix needs a CUDA device", file=sys.stderr)
+            return 2
+        records = run_cells(parse_cells(args.cells), out, args.routing or None, args.budget)
+        (out / "decode_cells.json").write_text(json.dumps(records, indent=2) + "\n")
+    elif args.part is not None:
         if not torch.cuda.is_available():
             print("decode_matrix needs a CUDA device", file=sys.stderr)
             return 2

@@ -17,6 +17,11 @@ pytestmark = [
 BF16 = {"rtol": 2e-2, "atol": 2e-2}
 
 
+def rel_err(x: torch.Tensor, truth: torch.Tensor) -> float:
+    """||x - truth|| / ||truth||, in fp64."""
+    return float((x.double() - truth.double()).norm() / truth.double().norm())
+
+
 def _ms(fn, iters: int = 20) -> float:
     fn()
     torch.cuda.synchronize()
@@ -108,9 +113,14 @@ def test_moe_experts_bf16(dev, num_tokens, backend):
     w_gate = torch.randn(e, i, h, device=dev, dtype=torch.bfloat16) * h**-0.5
     w_up, w_down = torch.randn_like(w_gate), torch.randn(e, h, i, device=dev, dtype=torch.bfloat16) * i**-0.5
     ids, weights = route(torch.randn(num_tokens, e, device=dev), top_k, "softmax", True)
-    ref = moe_experts(x, (w_gate, w_up), w_down, ids, weights, backend="loop")
+    # Judged against an fp32 truth, not element-wise against the bf16 loop: the loop rounds each
+    # expert's output, its weight and every index_add_ partial sum to bf16, so it is the *least*
+    # accurate of the three (tests/unit/kernels/test_bf16_kernels.py reproduces this on CPU).
+    truth = moe_experts(x.float(), (w_gate.float(), w_up.float()), w_down.float(), ids, weights, backend="loop")
+    loop = moe_experts(x, (w_gate, w_up), w_down, ids, weights, backend="loop")
     out = moe_experts(x, (w_gate, w_up), w_down, ids, weights, backend=backend)
-    torch.testing.assert_close(out, ref, **BF16)
+    assert rel_err(out, truth) <= 1.5 * rel_err(loop, truth), (rel_err(out, truth), rel_err(loop, truth))
+    assert rel_err(out, truth) < 1e-2
     print(f"moe {backend} n={num_tokens}: {_ms(lambda: moe_experts(x, (w_gate, w_up), w_down, ids, weights, backend=backend)):.3f} ms")
 
 
@@ -119,7 +129,12 @@ def test_route_rope_and_greedy_bf16(dev):
 
     logits = torch.randn(64, 128, device=dev, dtype=torch.bfloat16)
     a, b = route(logits, 8, "softmax", True, impl="triton"), route(logits, 8, "softmax", True, impl="torch")
-    assert (a[0] == b[0]).float().mean() > 0.99  # bf16 ties may order differently
+    # bf16 logits tie often (about one row in four has equal values among its top 9), and torch.topk
+    # orders ties arbitrarily: compare the score at every rank, not the ids.
+    scores = torch.softmax(logits.float(), dim=-1)
+    assert torch.equal(scores.gather(1, a[0]), scores.gather(1, b[0]))
+    assert all(len(set(row)) == len(row) for row in a[0].tolist())
+    torch.testing.assert_close(a[1], b[1], rtol=1e-5, atol=1e-6)
     q, k, v = (torch.randn(8, h, 128, device=dev, dtype=torch.bfloat16) for h in (32, 8, 8))
     cos, sin = torch.randn(512, 128, device=dev, dtype=torch.bfloat16), torch.randn(512, 128, device=dev,
                                                                                      dtype=torch.bfloat16)
@@ -135,7 +150,16 @@ def test_route_rope_and_greedy_bf16(dev):
 
 @pytest.mark.parametrize("preset", ["llama-3.2-1b", "qwen3-30b-a3b"])
 def test_best_candidate_matches_reference_in_bf16(dev, preset, tmp_path):
-    """Two layers of the real shapes: the best-known render's logits against the reference's."""
+    """Two layers of the real shapes: the best-known render in bf16 is as accurate as the bf16 reference.
+
+    Both are judged against the reference in fp32 on the same (bf16-rounded) weights: per row, the
+    candidate's relative error is within twice the bf16 reference's own, and greedy tokens agree
+    with the fp32 truth wherever its top two logits are further apart than the bf16 reference's
+    rounding noise; for MoE, on the rows whose decode step routed as the truth did (see below).
+    (An element-wise assert_close of the two bf16 runs at 5e-2 is unsound: logits of
+    a random model have std ~45, so bf16 rounding alone moves them by more than that. A wrong rope
+    position, KV length or QKV split still fails this; see tests/unit/moves/test_moves_bf16.py.)
+    """
     import importlib.util
 
     from athanor.model import BuildContext, DecodeBatch, make_prefill_batch
@@ -150,12 +174,37 @@ def test_best_candidate_matches_reference_in_bf16(dev, preset, tmp_path):
     spec = importlib.util.spec_from_file_location("best_candidate_gpu", path)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(module)  # type: ignore[union-attr]
-    outs = []
-    for build in (module.build, build_reference):
-        fwd = build(model, BuildContext(dev, torch.bfloat16, max_seqs=4, max_seq_len=256))
+    outs, routes = [], []
+    for build, m, dtype in ((module.build, model, torch.bfloat16), (build_reference, model, torch.bfloat16),
+                            (build_reference, model.to(dtype=torch.float32), torch.float32)):
+        fwd = build(m, BuildContext(dev, dtype, max_seqs=4, max_seq_len=256))
+        chosen: list[torch.Tensor] = []  # per MoE layer call (prefill layers, then decode layers): [N, k] sorted
+        fwd.routing_observer = lambda i, ids, chosen=chosen: chosen.append(ids.sort(-1).values)
+        routes.append(chosen)
         prompts = [[(7 * i + j) % 1000 for j in range(n)] for i, n in enumerate((5, 100, 33))]
         fwd.prefill(make_prefill_batch(prompts, [0, 1, 2], device=dev))
         pos = torch.tensor([5, 100, 33], device=dev)
         outs.append(fwd.decode(DecodeBatch(torch.tensor([1, 2, 3], device=dev), pos, torch.tensor([0, 1, 2], device=dev),
-                                           pos)).float())
-    torch.testing.assert_close(outs[0], outs[1], rtol=5e-2, atol=5e-2)
+                                           pos)).double())
+        del fwd
+    cand, ref, truth = outs
+    cand_err, ref_err = ((x - truth).norm(dim=-1) / truth.norm(dim=-1) for x in (cand, ref))
+    print(f"{preset}: per-row relative error vs fp32: candidate {cand_err.tolist()}, reference {ref_err.tolist()}")
+    counted = torch.ones(3, dtype=torch.bool, device=dev)
+    if model.spec.moe is not None:
+        # bf16 moves router logits by an ulp, and a token whose 8th and 9th experts are that close routes
+        # differently from the fp32 truth: a legitimate flip (on CPU both bf16 runs flip ~7% of prefill
+        # tokens, not always the same ones), after which that row's logits differ by ~5%. So: routing must
+        # match the truth about as often as the bf16 reference's does, and the error bound applies to the
+        # rows whose decode step routed exactly as the truth did in both bf16 runs.
+        same = [torch.cat([(a == t).all(-1) for a, t in zip(r, routes[2])]).float().mean().item() for r in routes[:2]]
+        print(f"{preset}: routing decisions equal to fp32's: candidate {same[0]:.3f}, reference {same[1]:.3f}")
+        assert same[0] >= min(same[1], 0.95) - 0.05
+        layers = model.spec.num_layers
+        counted = torch.stack([(a == t).all(-1) for r in routes[:2]
+                               for a, t in zip(r[layers:], routes[2][layers:])]).all(0)
+        assert counted.any(), "no row's decode step routed as the fp32 truth did"
+    assert (cand_err <= 2 * ref_err)[counted].all(), (cand_err, ref_err, counted)
+    top2 = truth.topk(2, dim=-1).values
+    decided = top2[:, 0] - top2[:, 1] > 2 * (ref - truth).abs().amax(dim=-1)
+    assert (cand.argmax(-1) == truth.argmax(-1))[decided & counted].all()
