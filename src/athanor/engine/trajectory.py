@@ -1,7 +1,8 @@
 """Scripted, interleaved, timed and fingerprinted runs for the evaluator (`TrajectoryRequest`, `ProbeRequest`).
 
 A trajectory is a fixed script of prefill and decode steps (real text, teacher-forced). Each
-step runs once on every listed resident candidate, in a per-step random order, inside this
+step runs once on every listed resident candidate, in a per-step random order (never starting
+with the resident that ended the previous step, so every run follows a switch), inside this
 process, so RPC overhead never pollutes a timing and A and B share the machine's state
 (A B / B A ...). Every run is both timed and checked: the candidate cannot tell a timed step
 from a checked one because there is no difference. Per step and candidate:
@@ -11,7 +12,14 @@ from a checked one because there is no difference. Per step and candidate:
   that does not write its outputs returns NaN;
 - time from device events on the engine's stream followed by a device-wide synchronise (CUDA),
   or a clock bound when this module was imported (CPU), so a candidate rebinding
-  `time.perf_counter` or `torch.cuda.Event.elapsed_time` cannot change it;
+  `time.perf_counter` or `torch.cuda.Event.elapsed_time` cannot change it. A captured decode step
+  is timed on the device alone: its inputs are copied in and padded before the window, a short
+  device-side sleep lets the host queue the replay before the start event is reached, and the
+  window holds only the replay (decode + sampling). Otherwise the host's launch latency and its
+  jitter (tens of microseconds, a few percent of a 1-2 ms step) would be timed too, and they are
+  the engine's, the same for every candidate. An eager step (prefill, a candidate that is not
+  graph-safe) is timed from an idle device, so its host work, which is the candidate's, counts;
+- the garbage collector is off while steps run (a collection inside a timed step is noise);
 - a fingerprint of every logits row: P projections on seeded random unit directions, max,
   logsumexp and the log-probability of the next scripted token, plus the argmax; full logits
   only for steps marked `keep_logits`.
@@ -23,7 +31,9 @@ candidate code, and the device's measured memory bandwidth at the model's workin
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import gc
 import hashlib
 import random
 import threading
@@ -35,7 +45,7 @@ from torch import Tensor
 
 from athanor.engine import protocol as p
 from athanor.engine.candidate import MODULE_PREFIX
-from athanor.engine.graphs import check_logits
+from athanor.engine.graphs import DecodeRunner, StepInputs, check_logits
 from athanor.engine.requests import BadRequest, validate_decode, validate_prefill
 from athanor.model import Model, PrefillBatch
 
@@ -47,6 +57,12 @@ _clock = time.perf_counter
 _Event = torch.cuda.Event
 _elapsed_ms = torch.cuda.Event.elapsed_time
 _cuda_sync = torch.cuda.synchronize
+_device_sleep = torch.cuda._sleep
+
+LAUNCH_AHEAD_CYCLES = 200_000
+"""Device clock cycles of the sleep queued before a timed replay (~0.1 ms on an H200): time for the
+host to queue the replay before the device reaches the start event. Doubled, up to 64x, whenever
+the start event had already passed when the replay was queued (the device waited for the host)."""
 
 
 def _critical() -> dict[str, Any]:
@@ -58,6 +74,7 @@ def _critical() -> dict[str, Any]:
         "time.monotonic": time.monotonic, "time.monotonic_ns": time.monotonic_ns, "time.time": time.time,
         "time.process_time": time.process_time,
         "torch.cuda.Event": torch.cuda.Event, "torch.cuda.synchronize": torch.cuda.synchronize,
+        "torch.cuda._sleep": torch.cuda._sleep,
         "torch.allclose": torch.allclose, "torch.equal": torch.equal, "torch.isclose": torch.isclose,
         "torch.testing.assert_close": torch.testing.assert_close,
         "torch.matmul": torch.matmul, "torch.nn.functional.linear": torch.nn.functional.linear,
@@ -206,6 +223,65 @@ def _run_one(engine: Engine, resident: Resident, x: Any, kind: str) -> tuple[Ten
     return out, False
 
 
+def _stage_graph(runner: DecodeRunner, x: StepInputs) -> tuple[torch.cuda.CUDAGraph, Tensor, int] | None:
+    """Refill the static inputs for a replay (as `DecodeRunner.step` does); None when no graph fits."""
+    num_rows = int(x.tokens.shape[0])
+    i = bisect.bisect_left(runner.buckets, num_rows)
+    if not runner._graphs or i == len(runner.buckets):
+        return None
+    for name in StepInputs.__dataclass_fields__:
+        getattr(runner._in, name)[:num_rows].copy_(getattr(x, name), non_blocking=True)
+    runner._pad_from(num_rows)
+    graph, _out_tokens, out_logits = runner._graphs[runner.buckets[i]]
+    return graph, out_logits, num_rows
+
+
+class _Timer:
+    """Runs one step and times it: device events on CUDA (see the module docstring), the clock on CPU."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.device = engine.device
+        self.cuda = self.device.type == "cuda"
+        self.ahead = LAUNCH_AHEAD_CYCLES
+
+    def run(self, resident: Resident, x: Any, kind: str) -> tuple[Tensor, bool, float]:
+        """(logits [B, V], whether a graph ran, seconds)."""
+        if not self.cuda:
+            t = _clock()
+            logits, graph = _run_one(self.engine, resident, x, kind)
+            return logits, graph, _clock() - t
+        start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+        _cuda_sync(self.device)  # every stream, not only the engine's: nothing else runs in the window
+        staged = _stage_graph(resident.runner, x) if kind == "decode" else None
+        if staged is None:
+            start.record()
+            logits, graph = _run_one(self.engine, resident, x, kind)
+            end.record()
+            _cuda_sync(self.device)
+            return logits, graph, _elapsed_ms(start, end) / 1000
+        cuda_graph, out_logits, num_rows = staged
+        _device_sleep(self.ahead)
+        start.record()
+        cuda_graph.replay()
+        if start.query() and self.ahead < 64 * LAUNCH_AHEAD_CYCLES:
+            self.ahead *= 2  # the device reached the start before the replay was queued: sleep longer next time
+        end.record()
+        _cuda_sync(self.device)
+        return out_logits[:num_rows].clone(), True, _elapsed_ms(start, end) / 1000
+
+
+def _order(rng: random.Random, residents: list[Resident], last: Resident | None) -> list[int]:
+    """A random order of the residents for one step whose first is not the one that ran last: every run
+    follows a switch, so no side runs on what its own previous run left warm (unless a request lists
+    one resident twice)."""
+    n = len(residents)
+    while True:
+        perm = rng.sample(range(n), n)
+        if n == 1 or residents[perm[0]] is not last or all(r is last for r in residents):
+            return perm
+
+
 def run_trajectory(engine: Engine, req: p.TrajectoryRequest) -> p.TrajectoryReply:
     try:
         residents = [engine._resident(cid) for cid in req.candidate_ids]
@@ -232,28 +308,23 @@ def run_trajectory(engine: Engine, req: p.TrajectoryRequest) -> p.TrajectoryRepl
     argmax: list[list[Tensor]] = [[] for _ in residents]
     kept: list[list[Tensor]] = [[] for _ in residents]
     used_graph = False
-    cuda = device.type == "cuda"
+    timer = _Timer(engine)
     current = "?"
+    gc_was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
     try:
         with engine._armed():
+            last: Resident | None = None
             for s, (step, x) in enumerate(zip(req.steps, inputs, strict=True)):
-                for c in order.sample(range(num_c), num_c):
+                for c in _order(order, residents, last):
+                    last = residents[c]
                     resident = residents[c]
                     current = resident.candidate.id
                     if req.poison:
                         _poison(resident)
-                    if cuda:
-                        start, end = _Event(enable_timing=True), _Event(enable_timing=True)
-                        _cuda_sync(device)
-                        start.record()
-                        logits, graph = _run_one(engine, resident, x, step.kind)
-                        end.record()
-                        _cuda_sync(device)  # every stream, not only the engine's
-                        times[c, s] = _elapsed_ms(start, end) / 1000
-                    else:
-                        t = _clock()
-                        logits, graph = _run_one(engine, resident, x, step.kind)
-                        times[c, s] = _clock() - t
+                    logits, graph, seconds = timer.run(resident, x, step.kind)
+                    times[c, s] = seconds
                     used_graph |= graph
                     f, a = _fingerprint(logits, proj, nexts[s])
                     feats[c].append(f.cpu())
@@ -268,6 +339,9 @@ def run_trajectory(engine: Engine, req: p.TrajectoryRequest) -> p.TrajectoryRepl
 
         exit_if_device_broken(e)
         return p.TrajectoryReply(status="error", error=f"candidate {current}: {format_exception(e)}")
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     violations = tuple(engine.watch.take()) if engine.watch else ()
     logits_out = torch.stack([torch.cat(k) for k in kept]) if kept[0] else None
     return p.TrajectoryReply(

@@ -2,7 +2,7 @@
 
 `Evaluator.evaluate(candidate, incumbent)` returns a `Verdict`; a candidate that fails is a
 verdict, never an exception. Every run on the candidate engine is the same request: a script
-run interleaved on (incumbent, candidate, incumbent) — so the candidate cannot tell a timing
+run interleaved on (incumbent, candidate, incumbent's twin) — so the candidate cannot tell a timing
 from a check — and every run's outputs are compared with the trusted reference engine's on the
 same script, timings included (re-verification after timing). Weights digest, tampered
 namespaces and candidate threads are probed after the checks and again after timing. The whole
@@ -25,15 +25,19 @@ from athanor.evaluate import objective as obj
 from athanor.evaluate import scripts
 from athanor.evaluate.config import EvaluateConfig
 from athanor.evaluate.correctness import Comparison, compare
-from athanor.evaluate.engines import IncumbentFailed, ReferenceFailed, TierEngines
+from athanor.evaluate.engines import IncumbentFailed, ReferenceFailed, TierEngines, twin_of
 from athanor.evaluate.lock import device_lock
 from athanor.evaluate.static_checks import check_source
 from athanor.evaluate.timing import (
     ShapeTimes,
     decide,
     impossible,
+    is_paired,
     objective_speedup,
+    pairs_for_budget,
     physical_floor_s,
+    repeatability,
+    robust_cv,
     speedup_interval,
     step_time,
     too_noisy,
@@ -142,7 +146,7 @@ class Evaluator:
                 if findings:
                     raise Rejected("static", f"{findings[0]}" + (f" (+{len(findings) - 1} more)" if len(findings) > 1
                                                                  else ""))
-            if candidate.id == incumbent.id:
+            if candidate.id in (incumbent.id, twin_of(incumbent).id):
                 raise Rejected("static", "the candidate's source is the incumbent's")
             with device_lock(cfg.device):
                 for tier in cfg.tiers():
@@ -185,7 +189,7 @@ class Evaluator:
                 raise Rejected("smoke", "the candidate replaced functions of torch, athanor or time: "
                                         + ", ".join(swap.replaced[:5]))
             run.compile_s += swap.build_s + swap.capture_s + swap.first_step_s
-            ids = (incumbent.id, candidate.id, incumbent.id)
+            ids = (incumbent.id, candidate.id, twin_of(incumbent).id)  # A, B and A' (the floor), three residents
             self._checked(engines, ids, scripts.smoke_script(text), seed, t.smoke_s, "smoke")
             run.enter("correctness")
             check = self._checked(engines, ids, scripts.check_script(text, cfg.max_seqs, cfg.max_seq_len), seed + 1,
@@ -246,13 +250,7 @@ class Evaluator:
         for attempt in range(cfg.max_attempts):
             times: dict[obj.StepShape, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
             for k, shape in enumerate(shapes):
-                if shape.kind == "decode":
-                    script = scripts.decode_script(text, shape, cfg.decode_pairs, cfg.warmup, cfg.max_seq_len)
-                else:
-                    script = scripts.prefill_script(text, shape, cfg.prefill_pairs, cfg.warmup, cfg.max_seqs)
-                self._checked(engines, ids, script, seed + 7 * k + 1000 * attempt, cfg.timeouts.timing_s, stage)
-                assert self._last.times_s is not None
-                per = self._last.times_s.numpy()[:, list(script.timed)]
+                per = self._timed_shape(engines, ids, text, shape, seed + 7 * k + 1000 * attempt, stage)
                 times[shape] = (per[0], per[1], per[2])
             result = self._figures(tier, times, n, full, engines.bandwidth)
             if not too_noisy(result.noise, cfg.noise_limit):
@@ -268,6 +266,27 @@ class Evaluator:
                                       f"physical limit {1e3 * m.floor_s:.3f} ms (bytes / measured bandwidth)")
         return result
 
+    def _timed_shape(self, engines: TierEngines, ids: tuple[str, ...], text: scripts.TextSource,
+                     shape: obj.StepShape, seed: int, stage: str) -> np.ndarray:
+        """Step times [sides, pairs] of `shape`: the minimum number of pairs, then as many more as the
+        time budget holds at the step time the first ones measured (every run verified)."""
+        cfg = self.config
+        first = cfg.decode_pairs if shape.kind == "decode" else cfg.prefill_pairs
+        chunks: list[np.ndarray] = []
+        want, total = first, first
+        while want > 0:
+            if shape.kind == "decode":
+                script = scripts.decode_script(text, shape, want, cfg.warmup, cfg.max_seq_len)
+            else:
+                script = scripts.prefill_script(text, shape, want, cfg.warmup, cfg.max_seqs)
+            self._checked(engines, ids, script, seed + 100 * len(chunks), cfg.timeouts.timing_s, stage)
+            assert self._last.times_s is not None
+            chunks.append(self._last.times_s.numpy()[:, list(script.timed)])
+            if len(chunks) == 1:
+                total = pairs_for_budget(chunks[0], cfg.timing_budget_s, first, cfg.max_pairs)
+            want = total - sum(c.shape[1] for c in chunks) if len(chunks) == 1 else 0
+        return np.concatenate(chunks, axis=1)
+
     def _figures(self, tier: str, times: dict[obj.StepShape, tuple[np.ndarray, np.ndarray, np.ndarray]], n: int,
                  full: int, bandwidth: float) -> TierResult:
         spec, eb = self.spec, self.dtype_bytes
@@ -276,17 +295,25 @@ class Evaluator:
         cand_full = {s: step_time(b) * factor[s] for s, (_, b, _) in times.items()}
         inc_total, share = obj.price(self.workload(), spec, inc_full, full, eb)
         cand_total, _ = obj.price(self.workload(), spec, cand_full, full, eb)
+        paired = {s: is_paired(a, c) for s, (a, _, c) in times.items()}  # the incumbent's runs alone decide
         measurements = []
-        for s, (a, b, _) in times.items():
+        for s, (a, b, c) in times.items():
             if s.kind == "decode":
                 floor_bytes = obj.decode_bytes(spec, n, s.batch_size, s.context_len, eb)
             else:
                 floor_bytes = obj.head_bytes(spec, eb) + n * obj.layer_weight_bytes(spec, eb)
             measurements.append(Measurement(
                 s.kind, s.batch_size, s.tokens, s.context_len, n, step_time(b), step_time(a),
-                speedup_interval(a, b), share[s] / max(inc_total, 1e-12), physical_floor_s(floor_bytes, bandwidth)))
-        speedup = objective_speedup([ShapeTimes(tuple(a), tuple(b), share[s]) for s, (a, b, _) in times.items()])
-        noise = objective_speedup([ShapeTimes(tuple(a), tuple(c), share[s]) for s, (a, _, c) in times.items()])
+                speedup_interval(a, b, paired[s]), share[s] / max(inc_total, 1e-12),
+                physical_floor_s(floor_bytes, bandwidth), paired[s], robust_cv(a), robust_cv(b), repeatability(a, c)))
+            log.info("%s b=%d t=%d ctx=%d: %d pairs, %s statistic, cv incumbent %.2f%% candidate %.2f%%, "
+                     "run-to-run %.2f%%", s.kind, s.batch_size, s.tokens, s.context_len, len(a),
+                     "per-pair" if paired[s] else "quartile", 100 * robust_cv(a), 100 * robust_cv(b),
+                     100 * repeatability(a, c))
+        speedup = objective_speedup([ShapeTimes(tuple(a), tuple(b), share[s], paired[s])
+                                     for s, (a, b, _) in times.items()])
+        noise = objective_speedup([ShapeTimes(tuple(a), tuple(c), share[s], paired[s])
+                                   for s, (a, _, c) in times.items()])
         return TierResult(tier, n, tuple(measurements), speedup, noise, cand_total, inc_total)
 
 

@@ -47,8 +47,16 @@ class EvaluateConfig:
     max_seqs: int = 8
     max_seq_len: int = 256
     decode_pairs: int = 60
-    """Timed decode steps per shape (each runs incumbent, candidate and incumbent again)."""
+    """Timed decode steps per shape at least (each runs incumbent, candidate and incumbent again); also
+    the decode steps one prompt round leaves room for (the timed context is clipped to fit them)."""
     prefill_pairs: int = 32
+    """Timed prefill steps per shape at least."""
+    timing_budget_s: float = 1.0
+    """Seconds of timed runs (all three sides) per shape: after the first `*_pairs` steps, more are run
+    until their step time fills this budget, so short steps get many pairs and long ones the minimum.
+    The wall time is about twice this (checks, the reference's run, warm-up)."""
+    max_pairs: int = 1000
+    """Timed steps per shape at most."""
     warmup: int = 4
     """Steps per shape run (and verified) but not timed."""
     max_decode_shapes: int = 2

@@ -1,7 +1,10 @@
 """`TierEngines`: the two engine workers of one tier, the candidates' and the reference's.
 
-The candidate engine holds the incumbent and the challenger side by side (interleaved timing
-needs both in one process). The reference engine runs only the baseline forward, in a worker
+The candidate engine holds the incumbent, a second instance of it (`twin`) and the challenger
+side by side (interleaved timing needs them in one process). The twin is the A/A floor: two
+runs of one resident would share what the last run left warm (its buffers, its caches), an
+advantage the challenger, a different resident, never gets, so the floor would miss a bias
+against every challenger (~1% on CPU, measured). Three residents are exchangeable. The reference engine runs only the baseline forward, in a worker
 that never imports candidate code: a candidate can neither patch it nor read its outputs, and
 its weights digest is the one the candidate engine's must keep.
 """
@@ -26,7 +29,7 @@ log = logging.getLogger(__name__)
 def engine_config(cfg: EvaluateConfig, num_layers: int) -> EngineConfig:
     buckets = tuple(sorted({b for b in DEFAULT_BUCKETS if b < cfg.max_seqs} | {cfg.max_seqs}))
     return EngineConfig(model=cfg.model, device=cfg.device, dtype=cfg.dtype, num_layers=num_layers,
-                        max_seqs=cfg.max_seqs, max_seq_len=cfg.max_seq_len, buckets=buckets, max_resident=2,
+                        max_seqs=cfg.max_seqs, max_seq_len=cfg.max_seq_len, buckets=buckets, max_resident=3,
                         sandbox=SandboxConfig(enabled=cfg.sandbox), cpu_threads=timing_threads(cfg.device))
 
 
@@ -54,17 +57,22 @@ class TierEngines:
         return self._reference_digest
 
     def load(self, incumbent: Candidate, candidate: Candidate, timeout_s: float) -> p.SwapReply:
-        """Make `incumbent` the engine's incumbent and build `candidate` beside it."""
+        """Make `incumbent` the engine's incumbent, with its twin, and build `candidate` beside them."""
+        twin = twin_of(incumbent)
         if self.candidates.incumbent.id != incumbent.id or not self.candidates.is_alive():
             reply = self.candidates.swap(incumbent, timeout_s=timeout_s)
             if reply.status != "ok":
                 raise IncumbentFailed(f"the incumbent {incumbent.id} does not build: {reply.error}")
-        else:
-            stats = self.candidates.stats()
-            for other in stats.resident:  # a challenger left from an earlier evaluation
-                if other != incumbent.id:
-                    self.candidates.activate(incumbent.id)
-                    self.candidates.drop(other)
+        resident = self.candidates.stats().resident
+        for other in resident:  # a challenger left from an earlier evaluation
+            if other not in (incumbent.id, twin.id):
+                self.candidates.activate(incumbent.id)
+                self.candidates.drop(other)
+        if twin.id not in resident:
+            reply = self.candidates.swap(twin, keep_incumbent=True, timeout_s=timeout_s)
+            if reply.status != "ok":
+                raise IncumbentFailed(f"a second instance of the incumbent {incumbent.id} does not build: "
+                                      f"{reply.error}")
         return self.candidates.swap(candidate, keep_incumbent=True, timeout_s=timeout_s)
 
     def unload(self, incumbent: Candidate, candidate: Candidate, tainted: bool) -> None:
@@ -92,6 +100,12 @@ class TierEngines:
     def close(self) -> None:
         self.candidates.close()
         self.reference.close()
+
+
+def twin_of(incumbent: Candidate) -> Candidate:
+    """The incumbent under another id: built as its own resident, timed as the A/A side."""
+    return Candidate.from_source(incumbent.source + "\n# athanor: a second instance of the incumbent (A/A)\n",
+                                 parent=incumbent.id, description="twin of the incumbent (the A/A floor)")
 
 
 class IncumbentFailed(Exception):

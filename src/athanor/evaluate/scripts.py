@@ -104,7 +104,8 @@ def decode_script(text: TextSource, shape: StepShape, num_steps: int, warmup: in
 
 def prefill_script(text: TextSource, shape: StepShape, num_steps: int, warmup: int, num_slots: int) -> Script:
     """Chunks of about `tokens` new tokens on `context_len` cached ones, each length jittered (mostly
-    unseen in warm-up); the cached part is prefilled first, untimed, in the same slot."""
+    unseen in warm-up); the cached part is prefilled first, untimed, in the same slot. Full logits are
+    kept for every 4th of the first 64 steps (every step is fingerprinted)."""
     steps, timed = [], []
     for i in range(num_steps + warmup):
         slot = i % num_slots
@@ -115,7 +116,7 @@ def prefill_script(text: TextSource, shape: StepShape, num_steps: int, warmup: i
         if i >= warmup:
             timed.append(len(steps))
         steps.append(prefill_step([ids[shape.context_len:shape.context_len + chunk]], [slot], [shape.context_len],
-                                  [ids[shape.context_len + chunk]], keep_logits=i % 4 == 0))
+                                  [ids[shape.context_len + chunk]], keep_logits=i % 4 == 0 and i < 64))
     return Script(tuple(steps), tuple(timed))
 
 

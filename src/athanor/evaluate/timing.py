@@ -1,16 +1,26 @@
-"""Statistics of paired timings: median speedup with a bootstrap interval, the A/A floor, the physical limit.
+"""Statistics of paired timings: a speedup with a bootstrap interval, the A/A floor, the physical limit.
 
 The engine times candidate (B) and incumbent (A) on the same step, interleaved in a random
-order per step (`athanor.engine.trajectory`), so slow drifts of the machine (another process,
-clock boost, thermal) hit both sides alike. The statistic is the ratio of a low quantile
-(`QUANTILE`, the lower quartile) of A's and B's step times: interference from other processes
-is additive and positive (on a shared 2-core machine an OS preemption adds ~4 ms to a 1 ms step
-in a third of the steps), so the lower quartile estimates the undisturbed step time, while a
-median of per-pair ratios is pulled around by which side happened to be preempted — and the
-longer side is preempted more often, a bias toward accepting. On a GPU with graphs the two
-statistics agree. The 95% interval comes from a percentile bootstrap that resamples pairs
-jointly. A third run of the incumbent in every step gives the A/A interval: the noise floor
-the decision must clear (see `decide`).
+order per step (`athanor.engine.trajectory`), and the incumbent a second time (A') for the A/A
+floor. Two kinds of noise call for two statistics, and the data say which one it has:
+
+- **Independent, one-sided noise** (a shared CPU): an OS preemption adds ~4 ms to a ~1 ms step in
+  a fifth of the runs, whichever side runs, and the two runs of a step are uncorrelated. The
+  lower quartile of each side's times estimates the undisturbed step time; the statistic is
+  quartile(A) / quartile(B). A per-pair ratio would mix the spikes of both sides into every pair
+  (measured on the 2-core CPU with ~400 pairs: A/A half-width ±1.2% for the quartile ratio,
+  ±1.9% for the median of per-pair ratios).
+- **Step-correlated, small, symmetric noise** (a GPU): a decode step's time follows its context
+  length, a prefill's its chunk length, while runs of the same step repeat within a fraction of
+  a percent. A quantile of the pooled times then lands on one or two steps, and its interval is
+  as wide as one pair's noise however many pairs there are; the statistic is the median of the
+  per-pair log-ratios log(A_i / B_i), which cancels the step's own time.
+
+`is_paired` picks per shape from the incumbent's two runs: when their rank correlation across
+steps is at least `PAIRED_CORRELATION`, the step explains the times and the pairs are used. The
+candidate cannot steer the choice (it is made from the incumbent's runs alone), and both
+statistics estimate the same ratio when the speedup is the same on every step. The 95% interval
+is a percentile bootstrap that resamples pairs jointly (a step's A and B stay together).
 """
 
 from __future__ import annotations
@@ -26,6 +36,8 @@ Times = Sequence[float] | np.ndarray
 
 NUM_BOOTSTRAP = 2000
 QUANTILE = 0.25
+PAIRED_CORRELATION = 0.5
+"""Rank correlation of the incumbent's two runs across steps from which the per-pair statistic is used."""
 
 
 def _pairs(incumbent_s: Times, candidate_s: Times) -> tuple[np.ndarray, np.ndarray]:
@@ -33,7 +45,15 @@ def _pairs(incumbent_s: Times, candidate_s: Times) -> tuple[np.ndarray, np.ndarr
     b = np.asarray(candidate_s, dtype=np.float64)
     if a.shape != b.shape or a.size == 0:
         raise ValueError(f"paired timings need equal, non-empty lengths (got {a.shape} and {b.shape})")
-    return a, np.maximum(b, 1e-12)
+    return np.maximum(a, 1e-12), np.maximum(b, 1e-12)
+
+
+def pairs_for_budget(first: np.ndarray, budget_s: float, min_pairs: int, max_pairs: int) -> int:
+    """Timed steps per shape so that all sides' runs take about `budget_s`, from a first measurement
+    `first` [sides, steps] (its median run), within [min_pairs, max_pairs]."""
+    run_s = float(np.median(first)) if first.size else 0.0
+    want = int(budget_s / (first.shape[0] * run_s)) if run_s > 0 and budget_s > 0 else 0
+    return max(min_pairs, min(max_pairs, want))
 
 
 def step_time(times_s: Times) -> float:
@@ -41,18 +61,62 @@ def step_time(times_s: Times) -> float:
     return float(np.quantile(np.asarray(times_s, dtype=np.float64), QUANTILE))
 
 
-def bootstrap_ratios(a: np.ndarray, b: np.ndarray, seed: int = 0, num: int = NUM_BOOTSTRAP) -> np.ndarray:
-    """quantile(A) / quantile(B) over `num` resamples of the pairs (with replacement)."""
+def robust_cv(times_s: Times) -> float:
+    """Spread of one side's step times: 1.4826 MAD / median (a standard deviation for normal noise,
+    blind to the spikes of a shared machine). It includes the steps' own differences (context and
+    chunk lengths); `repeatability` is the run-to-run part alone."""
+    x = np.asarray(times_s, dtype=np.float64)
+    if x.size == 0:
+        return float("nan")
+    med = float(np.median(x))
+    return 1.4826 * float(np.median(np.abs(x - med))) / med if med > 0 else float("nan")
+
+
+def repeatability(first_s: Times, second_s: Times) -> float:
+    """Run-to-run spread of one side measured twice on the same steps (A and A'): robust standard
+    deviation of log(A_i / A'_i) / sqrt(2)."""
+    a, c = _pairs(first_s, second_s)
+    lr = np.log(a / c)
+    return 1.4826 * float(np.median(np.abs(lr - np.median(lr)))) / np.sqrt(2)
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    return np.argsort(np.argsort(x, kind="stable"), kind="stable").astype(np.float64)
+
+
+def is_paired(first_s: Times, second_s: Times) -> bool:
+    """Whether the incumbent's two runs of each step agree across steps (rank correlation at least
+    `PAIRED_CORRELATION`): the step explains the times, so the per-pair statistic is the precise one."""
+    a, c = _pairs(first_s, second_s)
+    if a.size < 8:
+        return False
+    ra, rc = _ranks(a), _ranks(c)
+    if ra.std() == 0 or rc.std() == 0:
+        return False
+    return float(np.corrcoef(ra, rc)[0, 1]) >= PAIRED_CORRELATION
+
+
+def _statistic(a: np.ndarray, b: np.ndarray, paired: bool) -> np.ndarray:
+    """Speedup A/B over the last axis (pairs): exp(median log(A_i / B_i)), or quartile(A) / quartile(B)."""
+    if paired:
+        return np.exp(np.median(np.log(a / b), axis=-1))
+    return np.quantile(a, QUANTILE, axis=-1) / np.quantile(b, QUANTILE, axis=-1)
+
+
+def bootstrap_ratios(a: np.ndarray, b: np.ndarray, paired: bool = False, seed: int = 0,
+                     num: int = NUM_BOOTSTRAP) -> np.ndarray:
+    """The statistic over `num` resamples of the pairs (with replacement, A_i and B_i together)."""
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, a.size, size=(num, a.size))
-    return np.quantile(a[idx], QUANTILE, axis=1) / np.quantile(b[idx], QUANTILE, axis=1)
+    return _statistic(a[idx], b[idx], paired)
 
 
-def speedup_interval(incumbent_s: Times, candidate_s: Times, seed: int = 0) -> Speedup:
-    """quantile(incumbent) / quantile(candidate) and its 95% percentile-bootstrap interval."""
+def speedup_interval(incumbent_s: Times, candidate_s: Times, paired: bool = False, seed: int = 0) -> Speedup:
+    """incumbent / candidate (see the module docstring for `paired`) and its 95% percentile-bootstrap
+    interval."""
     a, b = _pairs(incumbent_s, candidate_s)
-    low, high = np.percentile(bootstrap_ratios(a, b, seed), [2.5, 97.5])
-    return Speedup(step_time(a) / step_time(b), float(low), float(high), int(a.size))
+    low, high = np.percentile(bootstrap_ratios(a, b, paired, seed), [2.5, 97.5])
+    return Speedup(float(_statistic(a, b, paired)), float(low), float(high), int(a.size))
 
 
 @dataclass(frozen=True)
@@ -62,6 +126,8 @@ class ShapeTimes:
     incumbent_s: tuple[float, ...]
     candidate_s: tuple[float, ...]
     weight: float
+    paired: bool = False
+    """Use the per-pair statistic (`is_paired` of the incumbent's two runs)."""
 
 
 def objective_speedup(shapes: Sequence[ShapeTimes], seed: int = 0) -> Speedup:
@@ -75,8 +141,10 @@ def objective_speedup(shapes: Sequence[ShapeTimes], seed: int = 0) -> Speedup:
         return Speedup()
     weights = np.array([s.weight for s in shapes])
     pairs = [_pairs(s.incumbent_s, s.candidate_s) for s in shapes]
-    point = weights.sum() / (weights / np.array([step_time(a) / step_time(b) for a, b in pairs])).sum()
-    boots = np.stack([bootstrap_ratios(a, b, seed + i) for i, (a, b) in enumerate(pairs)])  # [shapes, num]
+    ratios = np.array([float(_statistic(a, b, s.paired)) for s, (a, b) in zip(shapes, pairs, strict=True)])
+    point = weights.sum() / (weights / ratios).sum()
+    boots = np.stack([bootstrap_ratios(a, b, s.paired, seed + i)
+                      for i, (s, (a, b)) in enumerate(zip(shapes, pairs, strict=True))])  # [shapes, num]
     totals = weights.sum() / (weights[:, None] / boots).sum(axis=0)
     low, high = np.percentile(totals, [2.5, 97.5])
     return Speedup(float(point), float(low), float(high), int(min(a.size for a, _ in pairs)))

@@ -17,8 +17,8 @@ STAGES = ("static", "smoke", "correctness", "integrity", "timing", "slow", "acce
 
 @dataclass(frozen=True)
 class Speedup:
-    """Incumbent time / candidate time (of each side's lower-quartile step time, see `timing`) and its
-    bootstrap 95% interval."""
+    """Incumbent time / candidate time (the ratio of each side's lower-quartile step time, or the median
+    of per-step ratios; `timing` says which and why) and its bootstrap 95% interval."""
 
     median: float = float("nan")
     ci_low: float = float("nan")
@@ -50,6 +50,14 @@ class Measurement:
     """Share of the workload's time this shape stands for (the objective's weight)."""
     floor_s: float = 0.0
     """Physical limit: bytes the step must move / measured bandwidth."""
+    paired: bool = False
+    """The speedup is the median of per-step ratios (steps explain the times) rather than the ratio of
+    lower quartiles (independent, one-sided noise); see `timing.is_paired`."""
+    incumbent_cv: float = float("nan")
+    """Robust coefficient of variation of the incumbent's step times (steps' own differences included)."""
+    candidate_cv: float = float("nan")
+    repeatability: float = float("nan")
+    """Run-to-run spread of the incumbent on the same step (robust std of log(A / A') / sqrt 2)."""
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,12 @@ from athanor.evaluate.timing import (
     ShapeTimes,
     decide,
     impossible,
+    is_paired,
     objective_speedup,
+    pairs_for_budget,
     physical_floor_s,
+    repeatability,
+    robust_cv,
     speedup_interval,
     too_noisy,
 )
@@ -62,3 +66,64 @@ def test_impossibly_fast_is_refused() -> None:
     assert impossible(0.2e-3, floor)  # "3x faster than reading the weights once"
     assert not impossible(0.7e-3, floor)
     assert not impossible(0.55e-3, floor)  # within the slack: a copy benchmark is not the peak
+
+
+# -- which statistic, and why ---------------------------------------------------------------------------
+def _stepwise(n: int, seed: int, noise: float, spread: float = 0.25) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """GPU-like timings: each step's own time (context, chunk length) varies by `spread`, and the three runs
+    of a step (A, B, A') repeat within `noise` (symmetric, no spikes)."""
+    rng = np.random.default_rng(seed)
+    step = 1e-3 * (1 + spread * rng.random(n))
+    return tuple(step * (1 + noise * rng.standard_normal(n)) for _ in range(3))  # type: ignore[return-value]
+
+
+def test_step_correlated_times_use_the_pairs() -> None:
+    # The H200 failure: 32 pairs of steps of different lengths, 1.5% run-to-run noise. The quartile of the
+    # pooled times lands on one or two steps, so its interval is as wide as one pair's noise.
+    widths = {True: [], False: []}
+    for seed in range(20):
+        a, _, c = _stepwise(32, seed, 0.015)
+        assert is_paired(a, c)
+        for paired in (True, False):
+            s = speedup_interval(a, c, paired=paired)
+            widths[paired].append(max(s.ci_high - 1, 1 - s.ci_low))
+    assert np.median(widths[True]) < 0.6 * np.median(widths[False])
+    assert max(widths[True]) < 0.02
+
+
+def test_independent_spikes_use_the_quartiles() -> None:
+    a, c = _noisy(400, 0), _noisy(400, 1)
+    assert not is_paired(a, c)  # preemptions are independent of the step: the pairs carry no information
+    s = speedup_interval(a, c, paired=False)
+    assert s.contains_one() and s.ci_high - s.ci_low < 0.03
+
+
+def test_paired_statistic_finds_a_uniform_speedup() -> None:
+    a, b, _ = _stepwise(200, 3, 0.005)
+    s = speedup_interval(a, b * 0.8, paired=True)
+    assert 1.24 < s.ci_low < 1.25 < s.ci_high < 1.26
+
+
+def test_objective_uses_each_shapes_statistic() -> None:
+    a, b, c = _stepwise(100, 4, 0.005)
+    shape = ShapeTimes(tuple(a), tuple(b * 0.5), weight=1.0, paired=True)
+    s = objective_speedup([shape])
+    assert 1.98 < s.ci_low < s.median < s.ci_high < 2.02
+    aa = objective_speedup([ShapeTimes(tuple(a), tuple(c), weight=1.0, paired=True)])
+    assert 0.995 < aa.ci_low <= 1.0 <= aa.ci_high < 1.005
+
+
+def test_pairs_for_budget() -> None:
+    first = np.full((3, 64), 1e-3)  # 1 ms steps, three sides
+    assert pairs_for_budget(first, 1.0, 64, 1000) == 333
+    assert pairs_for_budget(first, 0.01, 64, 1000) == 64  # never fewer than the minimum
+    assert pairs_for_budget(first, 100.0, 64, 1000) == 1000
+    assert pairs_for_budget(np.full((3, 8), 0.5), 1.0, 24, 1000) == 24  # a slow step: the minimum
+
+
+def test_spread_figures() -> None:
+    a, _, c = _stepwise(400, 5, 0.01, spread=0.0)
+    assert 0.008 < robust_cv(a) < 0.012
+    assert 0.008 < repeatability(a, c) < 0.012
+    a, _, c = _stepwise(400, 6, 0.01, spread=0.5)
+    assert robust_cv(a) > 0.1 and repeatability(a, c) < 0.012  # the steps' differences are not run-to-run noise
