@@ -192,7 +192,8 @@ class Evaluator:
             ids = (incumbent.id, candidate.id, twin_of(incumbent).id)  # A, B and A' (the floor), three residents
             self._checked(engines, ids, scripts.smoke_script(text), seed, t.smoke_s, "smoke")
             run.enter("correctness")
-            check = self._checked(engines, ids, scripts.check_script(text, cfg.max_seqs, cfg.max_seq_len), seed + 1,
+            check = self._checked(engines, ids, scripts.check_script(text, cfg.max_seqs, cfg.max_seq_len,
+                                                                       max_tokens=cfg.check_tokens), seed + 1,
                                   t.check_s, "correctness")
             run.enter("integrity")
             tainted = self._integrity(engines, "integrity")

@@ -51,6 +51,9 @@ class EvaluateConfig:
     the decode steps one prompt round leaves room for (the timed context is clipped to fit them)."""
     prefill_pairs: int = 32
     """Timed prefill steps per shape at least."""
+    check_tokens: int = 0
+    """Cap on the prompt tokens of each batch of the correctness script (0: up to max_seqs x
+    max_seq_len / 2); bounds the check's cost on a slow device, shapes still vary."""
     timing_budget_s: float = 1.0
     """Seconds of timed runs (all three sides) per shape: after the first `*_pairs` steps, more are run
     until their step time fills this budget, so short steps get many pairs and long ones the minimum.

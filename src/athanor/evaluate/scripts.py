@@ -120,12 +120,14 @@ def prefill_script(text: TextSource, shape: StepShape, num_steps: int, warmup: i
     return Script(tuple(steps), tuple(timed))
 
 
-def check_script(text: TextSource, max_seqs: int, max_seq_len: int, num_decode: int = 8) -> Script:
+def check_script(text: TextSource, max_seqs: int, max_seq_len: int, num_decode: int = 8,
+                 max_tokens: int = 0) -> Script:
     """The correctness script: several batch sizes and context lengths, a fresh prefill, a continued
-    (chunked) prefill, and decode steps; full logits kept for most steps."""
+    (chunked) prefill, and decode steps; full logits kept for most steps. `max_tokens` (0: no cap)
+    bounds the prompt tokens of each batch, which bounds the check's cost on a slow device."""
     steps: list[ScriptStep] = []
     for b, ctx in sorted({(1, 5), (min(3, max_seqs), max_seq_len // 4), (max_seqs, max_seq_len // 2)}):
-        ctx = max(2, min(ctx, max_seq_len - num_decode - 2))
+        ctx = max(2, min(ctx, max_seq_len - num_decode - 2, max_tokens // b if max_tokens else ctx))
         lens = [max(2, ctx - 2 * i) for i in range(b)]
         texts = [text.take(n + num_decode + 1) for n in lens]
         head = [n // 2 for n in lens]  # first half, then the rest as a continued prefill

@@ -55,10 +55,11 @@ class CompileConfig:
             return base
         # On a 2-core CPU one step of the whole model takes ~0.1-1 s: time fewer pairs (the interval
         # says what that costs in certainty) and only the shapes that carry the workload.
+        cpu = replace(base, max_decode_shapes=1, check_tokens=2048, timing_budget_s=0.5, warmup=2,
+                      max_seq_len=min(base.max_seq_len, 768))
         if tier == "slow":
-            return replace(base, decode_pairs=16, prefill_pairs=6, warmup=2, max_decode_shapes=1,
-                           max_seq_len=min(base.max_seq_len, 768))
-        return replace(base, decode_pairs=30, prefill_pairs=12, warmup=3, max_decode_shapes=1)
+            return replace(cpu, decode_pairs=10, prefill_pairs=4, warmup=1)
+        return replace(cpu, decode_pairs=16, prefill_pairs=6)
 
     @property
     def reserve_s(self) -> float:

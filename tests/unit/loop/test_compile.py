@@ -81,11 +81,15 @@ def test_an_unreachable_endpoint_stops_that_agent_not_the_run(tmp_path: Path) ->
     from athanor.agents.config import AgentsConfig, LLMConfig
 
     events: list[str] = []
-    config = _config(tmp_path / "run", agents=("llm", "variant"), budget_s=15.0, agents_config=AgentsConfig(
+    config = _config(tmp_path / "run", agents=("llm",), budget_s=15.0, agents_config=AgentsConfig(
         llm=LLMConfig(base_url="http://127.0.0.1:9/v1", api_key_env="", max_retries=0, timeout_s=5)))
     report = compile_session(config, on_event=events.append)
     assert any(line.startswith("llm:") and "agent stopped" in line for line in events), events
-    assert report.summary["candidates_evaluated"]["per_agent"].get("variant", 0) >= 1
+    # The run itself ends normally, with its report and the warning on the board.
+    assert not report.interrupted and (tmp_path / "run" / "report.json").is_file()
+    with open_store(tmp_path / "run") as store:
+        assert store.get_run(report.run_id).status == "finished"  # type: ignore[union-attr]
+        assert any(p.kind == "warning" and p.agent == "llm" for p in store.posts(report.run_id))
 
 
 def test_cli_errors_are_one_line() -> None:
