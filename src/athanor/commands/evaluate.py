@@ -24,14 +24,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="", help="float32, bfloat16, ... (default: as stored)")
     p.add_argument("--incumbent", default="", help="the incumbent's source (default: the reference forward)")
     p.add_argument("--tier", choices=("fast", "slow", "both"), default="fast")
-    p.add_argument("--fast-layers", type=int, default=2, help="layers of the fast tier")
+    p.add_argument("--fast-layers", type=int, default=0, help="layers of the fast tier (0: as athanor compile sizes it)")
     p.add_argument("--traffic", default="preset:chat", help="a trace, a saved profile or preset:NAME")
     p.add_argument("--bitwise", action="store_true", help="demand logits identical to the reference's")
     p.add_argument("--quality-budget", default="",
                    help="admit a lossy candidate: 'kl=0.01,ppl=0.02' (mean KL, relative perplexity increase)")
-    p.add_argument("--max-seqs", type=int, default=8)
-    p.add_argument("--max-seq-len", type=int, default=256)
-    p.add_argument("--pairs", type=int, default=60, help="timed decode pairs per shape")
+    p.add_argument("--max-seqs", type=int, default=0, help="engine slots (0: as athanor compile sizes it)")
+    p.add_argument("--max-seq-len", type=int, default=0, help="longest context (0: as athanor compile sizes it)")
+    p.add_argument("--pairs", type=int, default=0, help="minimum timed decode pairs per shape (0: the tier's default)")
     p.add_argument("--margin", type=float, default=0.01, help="required speedup beyond 1 (lower CI bound)")
     p.add_argument("--seed", type=int, default=None, help="seed of inputs and fingerprints (default: fresh)")
     p.add_argument("--json", default="", help="write the verdict here")
@@ -56,15 +56,22 @@ def parse_budget(text: str) -> QualityBudget | None:
     return QualityBudget(values.get("kl", default.max_kl), values.get("ppl", default.max_ppl_increase))
 
 
+def torch_device_type(device: str) -> str:
+    return "cuda" if device.startswith("cuda") else "cpu"
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from athanor.engine.candidate import Candidate, baseline_candidate
-    from athanor.evaluate import EvaluateConfig, evaluate_candidate
+    from athanor.evaluate import evaluate_candidate
+    from athanor.loop.config import CompileConfig
 
     path = Path(args.candidate)
     if not path.is_file():
         raise ConfigError(f"{path}: no such candidate file (give a .py defining build(model, ctx))")
-    if args.pairs < 8 or args.fast_layers < 1 or args.max_seqs < 1:
-        raise ConfigError("--pairs must be at least 8, --fast-layers and --max-seqs at least 1")
+    if (args.pairs and args.pairs < 8) or args.fast_layers < 0 or args.max_seqs < 0 or args.max_seq_len < 0:
+        raise ConfigError("--pairs must be at least 8; --fast-layers, --max-seqs and --max-seq-len positive")
     if args.dtype:
         import torch
 
@@ -75,10 +82,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         if not Path(args.incumbent).is_file():
             raise ConfigError(f"--incumbent {args.incumbent}: no such file")
         incumbent = Candidate.from_file(args.incumbent)
-    config = EvaluateConfig(model=args.model, device=args.device, dtype=args.dtype, tier=args.tier,
-                            fast_layers=args.fast_layers, traffic=args.traffic, bitwise=args.bitwise,
-                            quality=parse_budget(args.quality_budget), margin=args.margin, max_seqs=args.max_seqs,
-                            max_seq_len=args.max_seq_len, decode_pairs=args.pairs, seed=args.seed)
+    # The same sizing as `athanor compile` on this device, so a winner's verdict reproduces.
+    sized = CompileConfig(model=args.model, traffic=args.traffic, device=torch_device_type(args.device),
+                          dtype=args.dtype, bitwise=args.bitwise, max_seqs=args.max_seqs,
+                          max_seq_len=args.max_seq_len, fast_layers=args.fast_layers,
+                          ).evaluate_config("slow" if args.tier == "slow" else "fast")
+    config = dataclasses.replace(sized, device=args.device, tier=args.tier, quality=parse_budget(args.quality_budget),
+                                 margin=args.margin, seed=args.seed, decode_pairs=args.pairs or sized.decode_pairs)
     verdict = evaluate_candidate(Candidate.from_file(path), config, incumbent)
     print(render(verdict.to_dict()))
     if args.json:
