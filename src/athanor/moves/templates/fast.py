@@ -12,7 +12,6 @@ KV cache: per layer, k and v indexed as [max_seqs + 1, num_kv_heads, max_seq_len
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 import torch
@@ -32,7 +31,7 @@ from athanor.kernels import (
 from athanor.kernels import route as route_kernel
 from athanor.kernels import silu_mul as silu_mul_kernel
 from athanor.model import BuildContext, DecodeBatch, Model, PrefillBatch
-from athanor.model.spec import ModelSpec
+from athanor.model.reference import rope_inv_freq  # the oracle's frequencies, Llama-3 scaling included
 
 # --- OPTIONS (rendered by athanor.moves.render) ---
 OPTIONS: dict[str, Any] = {
@@ -56,25 +55,6 @@ def impl(option: str) -> Literal["torch"] | None:
     """The `impl` argument for a kernel: "torch" forces the fallback; "triton..." values pass None,
     which runs Triton wherever it can (CUDA, or TRITON_INTERPRET=1) and PyTorch elsewhere."""
     return None if str(OPTIONS[option]).startswith("triton") else "torch"
-
-
-def rope_inv_freq(spec: ModelSpec) -> Tensor:
-    """Inverse frequencies [head_dim / 2] fp32, with Llama-3 scaling when the spec asks for it."""
-    d = spec.head_dim
-    inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    s = spec.rope_scaling
-    if s is None:
-        return inv_freq
-    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
-    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
-    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
-        s.high_freq_factor - s.low_freq_factor
-    )
-    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
-    is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return torch.where(is_medium, smoothed, scaled)
 
 
 class Layer:
