@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_TRACES = REPO.parent / "shared" / "traces"
@@ -31,3 +33,11 @@ def smollm2(smollm2_gguf: Path):
     from athanor.model.registry import load_model_and_tokenizer
 
     return load_model_and_tokenizer("smollm2-135m")
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    """A freshly seeded generator per test (its seed is printed, so a failure can be replayed)."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"seed={seed}")  # shown with the captured output of a failing test
+    return torch.Generator().manual_seed(seed)
