@@ -35,6 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from athanor.model import BuildContext
     from athanor.model.device import resolve_device, resolve_dtype
     from athanor.model.generate import SamplingParams, generate
@@ -62,7 +64,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # The KV cache only needs to hold this request.
     ctx = BuildContext(device=device, dtype=dtype, max_seqs=1, max_seq_len=len(prompt_ids) + args.max_new_tokens)
     forward = build(model, ctx)
-    params = SamplingParams(args.max_new_tokens, args.temperature, args.top_p, args.seed, tokenizer.stop_ids)
+    params = dataclasses.replace(params, stop_ids=tokenizer.stop_ids)
     result = generate(forward, [prompt_ids], params, device, ctx.max_seq_len)
     print(tokenizer.decode(result.tokens[0]).strip())
     decode_tokens = result.num_decode_steps

@@ -42,14 +42,12 @@ COMPILED_MLP = (
 
 def model_on_disk(name: str, directory: Path, dtype: str) -> str:
     """A path the worker loads from files: presets with random weights are saved as an HF directory first."""
-    from athanor.model.presets import PRESETS
-    from athanor.model.registry import DEFAULT_MODEL, load_model
+    from athanor.model.registry import DEFAULT_MODEL, load_model, preset_of
 
-    preset = name.removeprefix("random:").partition("@")[0]
     if name == DEFAULT_MODEL:
         load_model(name)  # converts the embedded GGUF to its on-disk HF copy once
         return name
-    if preset not in PRESETS:
+    if preset_of(name) is None:
         return name
     from athanor.model.hf import save_hf
 

@@ -44,6 +44,7 @@ from athanor.evaluate.timing import (
 )
 from athanor.evaluate.verdict import Measurement, Speedup, TierResult, Verdict
 from athanor.model import ModelSpec
+from athanor.provenance import environment
 from athanor.traffic import Workload
 
 log = logging.getLogger(__name__)
@@ -58,25 +59,15 @@ class Rejected(Exception):
 
 
 def versions() -> dict[str, str]:
-    try:
-        import triton
-
-        triton_version = str(triton.__version__)
-    except ImportError:
-        triton_version = ""
-    return {"torch": torch.__version__, "triton": triton_version}
+    env = environment()
+    return {"torch": env["torch"], "triton": env["triton"] or ""}
 
 
 def model_spec(name: str) -> ModelSpec:
-    """The full model's spec (presets without loading weights)."""
-    from athanor.model.presets import PRESETS
+    """The full model's spec (see `athanor.model.registry.load_spec`)."""
+    from athanor.model.registry import load_spec
 
-    preset = name.removeprefix("random:").partition("@")[0]
-    if preset in PRESETS:
-        return PRESETS[preset]
-    from athanor.model.registry import load_model
-
-    return load_model(name).spec
+    return load_spec(name)
 
 
 @dataclass

@@ -12,6 +12,7 @@ seconds on every start, while safetensors are memory-mapped.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -24,10 +25,11 @@ import torch
 from athanor.errors import ConfigError, ModelLoadError
 from athanor.model import cache
 from athanor.model.gguf_loader import read_gguf
-from athanor.model.hf import read_hf_dir, save_hf
+from athanor.model.hf import read_config, read_hf_dir, save_hf
 from athanor.model.model import Model
 from athanor.model.presets import PRESETS
 from athanor.model.random_init import random_model
+from athanor.model.spec import ModelSpec
 from athanor.model.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -120,6 +122,27 @@ def load_model(name_or_path: str, device: torch.device | str = "cpu", dtype: tor
                seed: int = 0) -> Model:
     """The model only (see `load_model_and_tokenizer`)."""
     return load_model_and_tokenizer(name_or_path, device, dtype, seed)[0]
+
+
+def preset_of(name_or_path: str) -> str | None:
+    """The preset a name with random weights refers to (`tiny-dense`, `random:llama-3.2-1b@3`), else None."""
+    preset = name_or_path.removeprefix("random:").partition("@")[0]
+    if preset not in PRESETS or (preset == DEFAULT_MODEL and not name_or_path.startswith("random:")):
+        return None
+    return preset
+
+
+@functools.lru_cache(maxsize=16)
+def load_spec(name_or_path: str) -> ModelSpec:
+    """The spec of a model without loading its weights where the format allows (presets, HF directories);
+    remembered, since the evaluator, the loop and the CLI all ask for it."""
+    preset = preset_of(name_or_path)
+    if preset is not None or name_or_path == DEFAULT_MODEL:
+        return PRESETS[preset or DEFAULT_MODEL]
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return read_config(path)[0]
+    return load_model(name_or_path).spec
 
 
 def load_tokenizer(name_or_path: str = DEFAULT_MODEL) -> Tokenizer:
