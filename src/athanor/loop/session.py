@@ -8,6 +8,7 @@ run's store as it happens, so Ctrl-C keeps every result and `--resume` continues
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -56,19 +57,21 @@ class Session:
     def __init__(self, config: CompileConfig, on_event: Events) -> None:
         self.config = config
         self.emit = on_event
-        config.out_dir.mkdir(parents=True, exist_ok=True)
-        self.store: Store = open_store(config.out_dir)
+        # Every input is checked before anything is written, so a bad flag leaves no half-made run.
         self.profile: TrafficProfile = load_profile(config.traffic)
-        self.reference = baseline_candidate()
-        self.run_id = self._start_or_resume()
-        self.board = Board(self.store, self.run_id)
         from athanor.evaluate.cascade import model_spec
 
         self.spec = model_spec(config.model)
         register_agent("variant", _variant_factory(config))
         variant = VariantConfig(device="cpu" if config.on_cpu else "cuda", moe=self.spec.moe is not None,
                                 seed=config.seed, include_compile=config.budget_s >= 600)
-        agents_config = config.agents_config.__class__(**{**config.agents_config.__dict__, "variant": variant})
+        agents_config = dataclasses.replace(config.agents_config, variant=variant)
+        make_agents(list(config.agents), agents_config)  # raises on an unknown agent or a missing key
+        config.out_dir.mkdir(parents=True, exist_ok=True)
+        self.store: Store = open_store(config.out_dir)
+        self.reference = baseline_candidate()
+        self.run_id = self._start_or_resume()
+        self.board = Board(self.store, self.run_id)
         self.agents = make_agents(list(config.agents), agents_config, board=self.board)
         self.budget = BudgetAllocator([a.name for a in self.agents])
         self.sources: dict[str, Candidate] = {self.reference.id: self.reference}

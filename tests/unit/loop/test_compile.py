@@ -92,9 +92,11 @@ def test_an_unreachable_endpoint_stops_that_agent_not_the_run(tmp_path: Path) ->
         assert any(p.kind == "warning" and p.agent == "llm" for p in store.posts(report.run_id))
 
 
-def test_cli_errors_are_one_line() -> None:
+def test_cli_errors_are_one_line(tmp_path: Path) -> None:
+    out = tmp_path / "run"
     for args, needle in ((["--agents", "nope"], "--agents"), (["--budget", "soon"], "--budget soon")):
-        done = subprocess.run([sys.executable, "-m", "athanor", "compile", "--model", "tiny-dense", *args],
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run([sys.executable, "-m", "athanor", "compile", "--model", "tiny-dense", "--out", str(out),
+                               *args], capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and "Traceback" not in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 and needle in done.stderr
+    assert not out.exists()  # a bad configuration writes nothing
