@@ -24,7 +24,7 @@ from athanor.engine.candidate import Candidate, baseline_candidate
 from athanor.evaluate import objective as obj
 from athanor.evaluate import scripts
 from athanor.evaluate.config import EvaluateConfig
-from athanor.evaluate.correctness import Comparison, compare
+from athanor.evaluate.correctness import QUALITY_SLACK, Comparison, compare
 from athanor.evaluate.engines import IncumbentFailed, ReferenceFailed, TierEngines, twin_of
 from athanor.evaluate.lock import device_lock
 from athanor.evaluate.static_checks import check_source
@@ -97,6 +97,8 @@ class Evaluator:
         self._engines: dict[str, TierEngines] = {}
         self._workload: Workload | None = None
         self._last = p.TrajectoryReply()
+        self._checked_dev = 0.0
+        """Fingerprint deviation of the last correctness check (bounds the timed runs' in quality mode)."""
 
     def workload(self) -> Workload:
         if self._workload is None:
@@ -214,7 +216,11 @@ class Evaluator:
                 raise Rejected(stage, "the outputs hold NaN or infinity")
             return None
         ref = engines.run_reference(script, seed, timeout_s)
-        cmp = compare(reply, ref, 1, self.dtype, bitwise=self.config.bitwise, quality=self.config.quality)
+        bound = QUALITY_SLACK * max(self._checked_dev, 1.0) if stage in ("timing", "slow") else float("inf")
+        cmp = compare(reply, ref, 1, self.dtype, bitwise=self.config.bitwise, quality=self.config.quality,
+                      max_fingerprint_dev=bound)
+        if stage == "correctness":
+            self._checked_dev = cmp.fingerprint_dev
         if not cmp.ok:
             when = " (outputs produced while timing)" if stage in ("timing", "slow") else ""
             raise Rejected(stage, cmp.reason + when)
@@ -260,12 +266,15 @@ class Evaluator:
 
     def _timed_shape(self, engines: TierEngines, ids: tuple[str, ...], text: scripts.TextSource,
                      shape: obj.StepShape, seed: int, stage: str) -> np.ndarray:
-        """Step times [sides, pairs] of `shape`: the minimum number of pairs, then as many more as the
-        time budget holds at the step time the first ones measured (every run verified)."""
+        """Step times [sides, pairs] of `shape` (every run verified): the minimum number of pairs, then
+        as many more as the time budget holds at the step time the first ones measured, then, while
+        the shape's A/A interval is wider than `precision`, further rounds up to `max_budget_factor`
+        times the budget (sequential sampling on the incumbent's runs alone, which the candidate
+        cannot steer)."""
         cfg = self.config
         first = cfg.decode_pairs if shape.kind == "decode" else cfg.prefill_pairs
         chunks: list[np.ndarray] = []
-        want, total = first, first
+        want = first
         while want > 0:
             if shape.kind == "decode":
                 script = scripts.decode_script(text, shape, want, cfg.warmup, cfg.max_seq_len)
@@ -274,10 +283,30 @@ class Evaluator:
             self._checked(engines, ids, script, seed + 100 * len(chunks), cfg.timeouts.timing_s, stage)
             assert self._last.times_s is not None
             chunks.append(self._last.times_s.numpy()[:, list(script.timed)])
-            if len(chunks) == 1:
-                total = pairs_for_budget(chunks[0], cfg.timing_budget_s, first, cfg.max_pairs)
-            want = total - sum(c.shape[1] for c in chunks) if len(chunks) == 1 else 0
+            want = self._more_pairs(chunks, first)
         return np.concatenate(chunks, axis=1)
+
+    def _more_pairs(self, chunks: list[np.ndarray], first: int) -> int:
+        """Pairs of the next round of a timed shape, 0 when it is done (see `_timed_shape`)."""
+        cfg = self.config
+        times = np.concatenate(chunks, axis=1)
+        done, spent = times.shape[1], float(times.sum())
+        if len(chunks) == 1:
+            budgeted = pairs_for_budget(chunks[0], cfg.timing_budget_s, first, cfg.max_pairs) - done
+            if budgeted > 0:
+                return budgeted
+        a, c = times[0], times[2]
+        aa = speedup_interval(a, c, is_paired(a, c))
+        if max(aa.ci_high - 1.0, 1.0 - aa.ci_low) <= cfg.precision:
+            return 0
+        left_s = cfg.max_budget_factor * cfg.timing_budget_s - spent
+        per_pair_s = spent / done
+        more = min(done, cfg.max_pairs - done, int(left_s / per_pair_s))
+        if more < max(8, first // 2):  # a round too small to move the interval is not worth its checks
+            return 0
+        log.info("A/A interval of this shape [%.3f, %.3f] is wider than ±%.1f%%: %d more pairs",
+                 aa.ci_low, aa.ci_high, 100 * cfg.precision, more)
+        return more
 
     def _figures(self, tier: str, times: dict[obj.StepShape, tuple[np.ndarray, np.ndarray, np.ndarray]], n: int,
                  full: int, bandwidth: float) -> TierResult:

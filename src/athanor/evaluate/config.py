@@ -60,6 +60,11 @@ class EvaluateConfig:
     The wall time is about twice this (checks, the reference's run, warm-up)."""
     max_pairs: int = 1000
     """Timed steps per shape at most."""
+    precision: float = 0.01
+    """Half-width sought for each shape's A/A interval (the incumbent against itself). A shape still
+    noisier after `timing_budget_s` (an eager, host-bound prefill on a GPU is) is timed on further
+    rounds of pairs, up to `max_budget_factor` times the budget: more pairs narrow the interval."""
+    max_budget_factor: float = 4.0
     warmup: int = 4
     """Steps per shape run (and verified) but not timed."""
     max_decode_shapes: int = 2

@@ -14,7 +14,10 @@ evaluator's process, so a candidate cannot reach it either. Checked per run:
   is within the tolerance (a near tie that rounding may flip).
 
 In quality mode (a lossy candidate with an explicit budget) the tolerance is replaced by the
-mean KL divergence of next-token distributions and the change of perplexity on the text.
+mean KL divergence of next-token distributions and the change of perplexity on the text. Timed
+runs keep fingerprints only: there the perplexity is checked, and the fingerprints may stray
+from the reference's no further than `QUALITY_SLACK` times what the checked runs showed, so a
+candidate cannot be lossy-but-close when checked and something else when timed.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
 }
 """(atol, rtol) on logits per compute dtype; other dtypes (fp8, ...) use bf16's."""
 FINGERPRINT_SLACK = 4.0
+QUALITY_SLACK = 4.0
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,8 @@ class Comparison:
     greedy_agreement: float = float("nan")
     kl: float = float("nan")
     ppl_change: float = float("nan")
+    fingerprint_dev: float = float("nan")
+    """Largest fingerprint deviation from the reference, in units of the dtype's tolerance."""
 
 
 def tolerance(dtype: torch.dtype) -> tuple[float, float]:
@@ -65,8 +71,10 @@ def _kl(ref: Tensor, cand: Tensor) -> float:
 
 
 def compare(cand: TrajectoryReply, ref: TrajectoryReply, index: int, dtype: torch.dtype, *, bitwise: bool = False,
-            quality: QualityBudget | None = None) -> Comparison:
-    """Candidate `index` of `cand` against the reference's only run in `ref` (same script, same seed)."""
+            quality: QualityBudget | None = None, max_fingerprint_dev: float = float("inf")) -> Comparison:
+    """Candidate `index` of `cand` against the reference's only run in `ref` (same script, same seed).
+
+    `max_fingerprint_dev` bounds the fingerprint deviation in quality mode (from the checked runs)."""
     assert cand.fingerprints is not None and ref.fingerprints is not None
     assert cand.tokens is not None and ref.tokens is not None
     fc, fr = cand.fingerprints[index].double(), ref.fingerprints[0].double()
@@ -83,17 +91,24 @@ def compare(cand: TrajectoryReply, ref: TrajectoryReply, index: int, dtype: torc
     is_tie = margin <= 2 * (atol + rtol * fr[:, -4].abs())
     agreement = float(((tc == tr) | is_tie).double().mean())
     max_err = float((lc - lr).abs().max()) if lc is not None and lr is not None else float("nan")
+    feats = slice(0, fc.shape[1] - 2)  # projections, max, logsumexp
+    dev = (fc[:, feats] - fr[:, feats]).abs() / (atol + rtol * fr[:, feats].abs())
+    fp_dev = float(dev.max()) if dev.numel() else 0.0
     if quality is not None:
         kl = _kl(lr, lc) if lc is not None and lr is not None else float("nan")
         lp_c, lp_r = fc[:, -2], fr[:, -2]
         scored = torch.isfinite(lp_r)
         ppl_change = float(torch.exp(-lp_c[scored].mean()) / torch.exp(-lp_r[scored].mean()) - 1)
-        fig = dict(max_abs_err=max_err, greedy_agreement=agreement, kl=kl, ppl_change=ppl_change)
-        if not kl <= quality.max_kl:
+        fig = dict(max_abs_err=max_err, greedy_agreement=agreement, kl=kl, ppl_change=ppl_change,
+                   fingerprint_dev=fp_dev)
+        if lc is not None and lr is not None and not kl <= quality.max_kl:
             return Comparison(False, f"KL divergence {kl:.4g} exceeds the budget {quality.max_kl:g}", **fig)
         if not ppl_change <= quality.max_ppl_increase:
             return Comparison(False, f"perplexity rises by {100 * ppl_change:.2f}%, beyond the budget "
                                      f"{100 * quality.max_ppl_increase:.2f}%", **fig)
+        if not fp_dev <= max_fingerprint_dev:
+            return Comparison(False, f"outputs stray from the reference {fp_dev:.3g} tolerances, beyond the "
+                                     f"{max_fingerprint_dev:.3g} the checked runs allow", **fig)
         return Comparison(True, f"within the quality budget (KL {kl:.3g}, perplexity {100 * ppl_change:+.2f}%)",
                           **fig)
     if bitwise:
@@ -109,8 +124,7 @@ def compare(cand: TrajectoryReply, ref: TrajectoryReply, index: int, dtype: torc
             return Comparison(False, f"logits differ from the reference beyond the {dtype} tolerance (max |diff| "
                                      f"{max_err:.3g}, atol {atol:g}, rtol {rtol:g}, {int(bad.sum())} values)",
                               max_err, agreement)
-    feats = slice(0, fc.shape[1] - 2)  # projections, max, logsumexp
-    bad_fp = (fc[:, feats] - fr[:, feats]).abs() > FINGERPRINT_SLACK * (atol + rtol * fr[:, feats].abs())
+    bad_fp = dev > FINGERPRINT_SLACK
     if bool(bad_fp.any()):
         rows = int(bad_fp.any(dim=1).sum())
         return Comparison(False, f"logits of {rows} of {fc.shape[0]} rows differ from the reference beyond the "

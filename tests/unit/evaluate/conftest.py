@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from athanor.evaluate import EvaluateConfig, Evaluator, StageTimeouts
+from athanor.evaluate.correctness import QualityBudget
 
 CONFIG = EvaluateConfig(model="tiny-dense", max_seqs=4, max_seq_len=96, decode_pairs=64, prefill_pairs=48,
                         timing_budget_s=0.3,
@@ -27,7 +28,26 @@ def evaluator() -> Iterator[Evaluator]:
 @pytest.fixture(scope="session")
 def runtime_evaluator() -> Iterator[Evaluator]:
     """Static checks off: each runtime defence must stand on its own."""
+    yield from _evaluator(static_checks=False)
+
+
+def _evaluator(**changes: object) -> Iterator[Evaluator]:
     import dataclasses
 
-    with Evaluator(dataclasses.replace(CONFIG, static_checks=False)) as ev:
+    with Evaluator(dataclasses.replace(CONFIG, **changes)) as ev:  # type: ignore[arg-type]
         yield ev
+
+
+@pytest.fixture(scope="module")
+def bitwise_evaluator() -> Iterator[Evaluator]:
+    yield from _evaluator(bitwise=True)
+
+
+@pytest.fixture(scope="module")
+def quality_evaluator() -> Iterator[Evaluator]:
+    yield from _evaluator(quality=QualityBudget(max_kl=0.01, max_ppl_increase=0.02))
+
+
+@pytest.fixture(scope="module")
+def tight_quality_evaluator() -> Iterator[Evaluator]:
+    yield from _evaluator(quality=QualityBudget(max_kl=1e-9, max_ppl_increase=0.02))

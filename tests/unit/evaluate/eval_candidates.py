@@ -48,6 +48,26 @@ WRONG = patched(
     "logits off by 1%",
 )
 
+NUDGED = patched(
+    "_reference_build = build\n"
+    "def build(model, ctx):\n"
+    "    forward = _reference_build(model, ctx)\n"
+    "    decode = forward.decode\n"
+    "    forward.decode = lambda batch: decode(batch) * (1 + 2e-6)\n"
+    "    return forward\n",
+    "decode logits off by 2e-6 relative: within the fp32 tolerance, not bit-identical",
+)
+
+LOSSY = patched(
+    "from athanor.model import Model\n"
+    "_reference_build = build\n"
+    "def build(model, ctx):\n"
+    "    # bf16-rounded copies of the weights, computed in the model's dtype: a lossy candidate\n"
+    "    rounded = {k: v.to(torch.bfloat16).to(v.dtype) for k, v in model.weights.items()}\n"
+    "    return _reference_build(Model(model.spec, rounded, model.source, model.full_num_layers), ctx)\n",
+    "weights rounded to bf16",
+)
+
 MEMO = patched(
     _slowed(3).replace("def build(", "def _slow_build(") +
     "def build(model, ctx):\n"

@@ -115,3 +115,28 @@ def test_static_stage_refuses_before_running(evaluator: Evaluator) -> None:
     for cheat in (c.THREADS, c.NETWORK, c.PATCH_TIMER):
         v = evaluator.evaluate(cheat, incumbent=c.BASE)
         assert v.stage == "static" and not v.accepted, _show(v)
+
+
+# -- --bitwise and the quality budget ------------------------------------------------------------------
+def test_tolerance_admits_what_bitwise_refuses(evaluator: Evaluator, bitwise_evaluator: Evaluator) -> None:
+    loose = evaluator.evaluate(c.NUDGED, incumbent=c.SLOWED)
+    assert loose.stage not in ("static", "smoke", "correctness"), _show(loose)
+    strict = bitwise_evaluator.evaluate(c.NUDGED, incumbent=c.SLOWED)
+    assert not strict.accepted and strict.stage == "correctness", _show(strict)
+    assert "--bitwise" in strict.reason
+    same = bitwise_evaluator.evaluate(c.HONEST, incumbent=c.SLOWED)  # the reference's own ops: identical
+    assert same.accepted, _show(same)
+
+
+def test_lossy_weights_pass_only_within_a_quality_budget(evaluator: Evaluator,
+                                                          quality_evaluator: Evaluator,
+                                                          tight_quality_evaluator: Evaluator) -> None:
+    exact = evaluator.evaluate(c.LOSSY, incumbent=c.SLOWED)
+    assert not exact.accepted and exact.stage == "correctness", _show(exact)
+    lossy = quality_evaluator.evaluate(c.LOSSY, incumbent=c.SLOWED)
+    assert lossy.accepted, _show(lossy)  # as fast as the reference, so faster than SLOWED
+    tier = lossy.tiers[0]
+    assert 0 < tier.kl <= 0.01 and abs(tier.ppl_change) <= 0.02, tier
+    refused = tight_quality_evaluator.evaluate(c.LOSSY, incumbent=c.SLOWED)
+    assert not refused.accepted and refused.stage == "correctness", _show(refused)
+    assert "KL divergence" in refused.reason
