@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One device call (< 5 min on an H200): the evaluator's GPU tests, then three A/A runs of the whole
-# random llama-3.2-1b in bf16 (bench/evaluate_noise.py), JSON and logs under $OUT, a table last.
+# One device call (< 9 min on an H200): the evaluator's GPU tests, three A/A runs of the whole random
+# llama-3.2-1b in bf16 (bench/evaluate_noise.py), and one stream through `athanor serve` against the
+# bare batch-1 step (bench/serve_stream.py); JSON and logs under $OUT, tables last.
 #   ATHANOR_COMMIT=$(git rev-parse HEAD) bash bench/gpu_evaluate_check.sh
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -11,14 +12,18 @@ python3 -c 'import torch, sys; print(sys.version.split()[0], torch.__version__)'
 # As the Makefile's gpu-test target: the wheels into /tmp/athanor-site, the tree's sources first.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/athanor-site .whl/*.whl
 export PYTHONPATH=$PWD/src:/tmp/athanor-site
-timeout 160 python3 -m pytest tests/gpu/test_evaluate_gpu.py -q -m gpu -p no:cacheprovider -rA \
+python3 -c 'import fastapi, uvicorn, openai, zmq, optuna, sqlalchemy' || echo 'MISSING WHEELS'
+timeout 240 python3 -m pytest tests/gpu/test_evaluate_gpu.py -q -m gpu -p no:cacheprovider -rA \
   -o log_cli=true --log-cli-level=INFO 2>&1 | tee "$OUT/gpu-evaluate-test.log" \
   | grep -E "statistic|A/A|passed|failed|PASSED|FAILED|Error|assert" | tail -40
 test_rc=${PIPESTATUS[0]}
-timeout 120 python3 bench/evaluate_noise.py --model llama-3.2-1b --device cuda --dtype bfloat16 --tier slow \
+timeout 220 python3 bench/evaluate_noise.py --model llama-3.2-1b --device cuda --dtype bfloat16 --tier slow \
   --max-seqs 8 --max-seq-len 512 --pairs 200 --prefill-pairs 32 --budget 1.5 --runs 3 --out "$OUT" \
   2>&1 | tee "$OUT/evaluate-noise-cuda.log" | tail -6
 noise_rc=${PIPESTATUS[0]}
+timeout 150 python3 bench/serve_stream.py --model llama-3.2-1b --device cuda --dtype bfloat16 \
+  --out "$OUT/serve_stream_cuda.json" > "$OUT/serve-stream.log" 2>&1
+echo "serve_stream rc=$?"; tail -8 "$OUT/serve-stream.log"
 python3 - "$OUT/evaluate_noise_cuda.json" "$test_rc" "$noise_rc" <<'PY'
 import json, sys
 path, test_rc, noise_rc = sys.argv[1:]
