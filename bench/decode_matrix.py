@@ -65,6 +65,7 @@ PARTS: list[list[Cell]] = [
 
 def cell_name(cell: Cell) -> str:
     model, candidate, use_compile, b, c = cell
+    candidate = Path(candidate).stem if candidate.endswith(".py") else candidate
     return f"decode_{model}_{candidate}{'+compile' if use_compile else ''}_b{b}_c{c}"
 
 
@@ -86,7 +87,7 @@ def run_part(index: int, out: Path, routing: str | None) -> list[dict[str, Any]]
 
 
 def run_cells(cells: list[Cell], out: Path, routing: str | None, budget_s: float,
-              part: int | None = None) -> list[dict[str, Any]]:
+              part: int | None = None, kernels: bool = False) -> list[dict[str, Any]]:
     """Time `cells` in order, loading each model once per run of consecutive cells of that model; no
     cell starts after `budget_s` seconds (the rest are recorded as skipped)."""
     from athanor.moves.decode_bench import bench_decode
@@ -114,7 +115,7 @@ def run_cells(cells: list[Cell], out: Path, routing: str | None, budget_s: float
             try:
                 record = bench_decode(model_name, batch, context, candidate=candidate, use_compile=use_compile,
                                       iters=10 if model.spec.moe is not None else 20, min_time_s=0.5,
-                                      routing=routing, model=model)
+                                      routing=routing, model=model, kernels=kernels)
                 record["part"] = part
             except Exception as e:  # recorded, and the next cell runs
                 record = {**base, "status": "error", "error": f"{type(e).__name__}: {e}",
@@ -172,6 +173,7 @@ def main() -> int:
     parser.add_argument("--cells", default="", help="ad-hoc cells MODEL:CANDIDATE[+compile]:BATCH:CONTEXT,...")
     parser.add_argument("--budget", type=float, default=PART_BUDGET_S, help="--cells: start no cell after this "
                                                                             "many seconds")
+    parser.add_argument("--kernels", action="store_true", help="--cells: also profile each cell's step per kernel")
     args = parser.parse_args()
     out = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
     out.mkdir(parents=True, exist_ok=True)
@@ -183,7 +185,7 @@ def main() -> int:
         if not torch.cuda.is_available():
             print("decode_matrix needs a CUDA device", file=sys.stderr)
             return 2
-        records = run_cells(parse_cells(args.cells), out, args.routing or None, args.budget)
+        records = run_cells(parse_cells(args.cells), out, args.routing or None, args.budget, kernels=args.kernels)
         (out / "decode_cells.json").write_text(json.dumps(records, indent=2) + "\n")
     elif args.part is not None:
         if not torch.cuda.is_available():

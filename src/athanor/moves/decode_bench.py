@@ -123,8 +123,12 @@ def replay_routing(model: Model, profile_path: str | None, max_batch: int) -> tu
 
 def bench_decode(model_name: str, batch: int, context: int, candidate: str = "reference", use_compile: bool = False,
                  device: str = "cuda", dtype: str = "bfloat16", iters: int = 50, min_time_s: float = 1.0,
-                 routing: str | None = None, model: Model | None = None) -> dict[str, Any]:
+                 routing: str | None = None, model: Model | None = None, kernels: bool = False) -> dict[str, Any]:
     """Time one (model, batch, context, candidate) cell; returns its JSON-ready record.
+
+    `kernels`: also profile the timed step (torch.profiler, CUDA) into `kernels` (each kernel's
+    calls and microseconds per step), `kernel_us_per_step` and `gap_us_per_step` (the step time
+    that no kernel occupies: launch gaps and host waits).
 
     A cell whose KV cache does not fit next to the weights is returned with `status: "does_not_fit"`.
     `model` may be passed to reuse loaded weights (already routed for MoE) across cells.
@@ -190,6 +194,8 @@ def bench_decode(model_name: str, batch: int, context: int, candidate: str = "re
         x = StepInputs(tokens=rows % 100, positions=pos, slots=rows, seq_lens=pos,
                        temperature=torch.zeros(batch, device=dev), top_p=torch.ones(batch, device=dev), seeds=rows)
         times = _time_steps(lambda: runner.step(x), dev, iters, min_time_s)
+        if kernels and dev.type == "cuda":
+            record.update(kernel_profile(lambda: runner.step(x), dev, step_us=1e6 * times))
         engine._release(engine.residents.pop(reply.candidate_id))
         engine._cleanup()
     record["status"] = "ok"
@@ -223,3 +229,26 @@ def _time_steps(step: Any, dev: torch.device, iters: int, min_time_s: float) -> 
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / 1000 / n
+
+
+def kernel_profile(step: Any, dev: torch.device, step_us: float, steps: int = 20, top: int = 30) -> dict[str, Any]:
+    """Where one step's time goes on the device: per-kernel microseconds per step (kernels inside
+    CUDA graphs included), their sum, and the rest of `step_us` (gaps between kernels)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize(dev)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize(dev)
+    rows = []
+    for e in prof.key_averages():
+        if e.device_type != DeviceType.CUDA:
+            continue
+        us = float(getattr(e, "self_device_time_total", 0.0) or getattr(e, "self_cuda_time_total", 0.0))
+        rows.append({"name": e.key[:120], "calls_per_step": e.count / steps, "us_per_step": us / steps})
+    rows.sort(key=lambda r: -r["us_per_step"])
+    total = sum(r["us_per_step"] for r in rows)
+    return {"kernels": rows[:top], "kernel_count_per_step": sum(r["calls_per_step"] for r in rows),
+            "kernel_us_per_step": total, "gap_us_per_step": step_us - total}
