@@ -29,6 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="", help="float32, bfloat16 (default: fp32 on CPU, bf16 on CUDA)")
     p.add_argument("--out", default="runs/latest", help="run directory (store, winner/, report.md, report.json)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument("--incumbent", default=None, metavar="DIR",
+                   help="a candidate directory to beat (e.g. what a server deploys): every candidate is timed "
+                        "against it, the reference forward competes too (default: time against the reference)")
     p.add_argument("--bitwise", action="store_true", help="demand outputs identical to the reference")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-seqs", type=int, default=0, help="engine slots (0: device default)")
@@ -65,7 +68,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         model=args.model, traffic=args.traffic, budget_s=parse_duration(args.budget),
         agents=tuple(parse_agent_names(args.agents)), device=device.type, dtype=args.dtype, out_dir=Path(args.out),
         resume=args.resume, bitwise=args.bitwise, seed=args.seed, max_seqs=args.max_seqs,
-        max_seq_len=args.max_seq_len,
+        max_seq_len=args.max_seq_len, incumbent=Path(args.incumbent) if args.incumbent is not None else None,
         agents_config=AgentsConfig(llm=dataclasses.replace(LLMConfig(), **llm),
                                    cli=dataclasses.replace(CLIAgentConfig(), **cli)),
     )
@@ -87,7 +90,8 @@ def _print_summary(console, summary: dict) -> None:
     console.print(table)
     if summary["verified"]:
         s = summary["speedup"]
-        console.print(f"verified winner {summary['winner_id']}: x{s['median']:.3f} over the reference "
+        against = f"incumbent {s['incumbent_id']}" if s.get("against") == "incumbent" else "the reference"
+        console.print(f"verified winner {summary['winner_id']}: x{s['median']:.3f} over {against} "
                       f"(95% CI [{s['ci_low']:.3f}, {s['ci_high']:.3f}], whole model) -> "
                       f"{summary.get('out_dir', '')}winner/", markup=False)
     else:

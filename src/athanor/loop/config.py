@@ -33,6 +33,10 @@ class CompileConfig:
     dominates what the fast tier sees."""
     confirm_reserve_s: float = 0.0
     """Seconds kept back for the slow-tier confirmation; 0: the device's default."""
+    incumbent: Path | None = None
+    """A candidate directory (`candidate.py` + `manifest.json`, as `winner/` and the server's `--candidate`) to
+    beat: every candidate is timed against it instead of the reference forward, the reference itself is the
+    first contender, and a winner must be faster than it. None: everything is quoted against the reference."""
     agents_config: AgentsConfig = field(default_factory=AgentsConfig)
 
     @property

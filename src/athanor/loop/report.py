@@ -1,8 +1,10 @@
 """What a compile session hands over: `winner/` (deployable) and `report.json` + `report.md`.
 
 `winner/` holds the candidate source, its manifest, and the verification and benchmark record
-(the slow-tier verdict against the reference), so `athanor serve --candidate DIR` can run it and
-`athanor evaluate DIR/candidate.py` can check it again.
+(the slow-tier verdict against the reference, or against the session's incumbent when it was given
+one), so `athanor serve --candidate DIR` can run it and `athanor evaluate DIR/candidate.py` can check
+it again. With an incumbent, `report.json` has an `incumbent` entry (id, directory) and its speedup
+says `"against": "incumbent"` with the incumbent's id; without one, `"against": "reference"`.
 """
 
 from __future__ import annotations
@@ -63,18 +65,27 @@ def write_report(session: Session, elapsed_s: float, interrupted: bool) -> dict[
         "leaderboard": [dataclasses.asdict(e) for e in session.store.leaderboard(session.run_id, 10)],
         "environment": environment(cfg.device),
     }
+    against = "the reference"
+    if session.incumbent is not None:
+        m = session.incumbent.manifest
+        summary["incumbent"] = {"id": session.incumbent.id, "dir": str(cfg.incumbent), "author": m.author,
+                                "description": m.description}
+        against = f"the incumbent {session.incumbent.id} ({cfg.incumbent})"
     winner_dir = out / "winner"
     if winner_id is None:
         shutil.rmtree(winner_dir, ignore_errors=True)
-        summary["reason"] = "no candidate was confirmed faster than the reference on the slow tier"
+        summary["reason"] = f"no candidate was confirmed faster than {against} on the slow tier"
     else:
         verdict = session.slow_verdicts[winner_id]
         cand = session.sources[winner_id]
         s = verdict.speedup
         baseline_s, winner_s = verdict.incumbent_gpu_s_per_1k_requests, verdict.gpu_s_per_1k_requests
+        speedup = {"median": s.median, "ci_low": s.ci_low, "ci_high": s.ci_high, "tier": "slow",
+                   "against": "reference"}
+        if session.incumbent is not None:
+            speedup.update(against="incumbent", incumbent_id=session.incumbent.id)
         summary.update({
-            "speedup": {"median": s.median, "ci_low": s.ci_low, "ci_high": s.ci_high, "tier": "slow",
-                        "against": "reference"},
+            "speedup": speedup,
             "gpu_s_per_1k_requests": {"baseline": _finite(baseline_s), "winner": _finite(winner_s)},
             "projected_output_tokens_per_s": {"baseline": _finite(output_tokens / baseline_s),
                                               "winner": _finite(output_tokens / winner_s)},
@@ -87,6 +98,8 @@ def write_report(session: Session, elapsed_s: float, interrupted: bool) -> dict[
         (winner_dir / "manifest.json").write_text(json.dumps(dataclasses.asdict(cand.manifest), indent=2) + "\n")
         record = {"slow": verdict.to_dict(), "fast": fast.to_dict() if fast else None, "traffic": cfg.traffic,
                   "model": cfg.model, "environment": summary["environment"]}
+        if "incumbent" in summary:
+            record["incumbent"] = summary["incumbent"]
         (winner_dir / "verification.json").write_text(json.dumps(record, indent=2) + "\n")
     (out / "report.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     (out / "report.md").write_text(render_markdown(summary))
@@ -97,11 +110,17 @@ def render_markdown(summary: dict[str, Any]) -> str:
     lines = [f"# athanor compile: {summary['model']} on {summary['device']}", "",
              f"Traffic `{summary['traffic']}`, budget {summary['budget_s']:.0f} s, elapsed "
              f"{summary['elapsed_s']:.0f} s{' (interrupted)' if summary['interrupted'] else ''}.", ""]
+    against = "reference"
+    if "incumbent" in summary:
+        i = summary["incumbent"]
+        against = f"incumbent `{i['id']}`"
+        lines += [f"Every speedup below is quoted against the **incumbent `{i['id']}`** ({i['author']}: "
+                  f"{i['description']}; `{i['dir']}`), not the reference forward, which competed as a candidate.", ""]
     if summary["verified"]:
         s, w = summary["speedup"], summary["winner"]
         lines += [f"**Winner `{w['id']}`** ({w['author']}: {w['description']}): **x{s['median']:.3f}** over the "
-                  f"reference, 95% CI [{s['ci_low']:.3f}, {s['ci_high']:.3f}], confirmed on the slow tier (whole model).",
-                  ""]
+                  f"{against}, 95% CI [{s['ci_low']:.3f}, {s['ci_high']:.3f}], confirmed on the slow tier (whole "
+                  "model).", ""]
         g, t = summary["gpu_s_per_1k_requests"], summary["projected_output_tokens_per_s"]
         lines += ["| | baseline | winner |", "|---|---|---|",
                   f"| device-seconds per 1,000 requests | {g['baseline']:.1f} | {g['winner']:.1f} |",

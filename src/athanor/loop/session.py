@@ -1,9 +1,12 @@
 """One compile session: profile -> workload -> agents -> fast-tier screening -> slow-tier confirmation -> winner.
 
-Every candidate is measured against the reference forward (the baseline every figure is quoted
-against), first on the fast tier (a few layers, projected to the whole model); the best
-fast-tier winners are confirmed on the slow tier (the whole model). Everything lands in the
-run's store as it happens, so Ctrl-C keeps every result and `--resume` continues the run.
+Every candidate is timed against the session's baseline, first on the fast tier (a few layers,
+projected to the whole model); the best fast-tier winners are confirmed on the slow tier (the
+whole model). The baseline is the reference forward, or, with `CompileConfig.incumbent`, a given
+candidate directory (what a server deploys now): then the reference forward is the first
+contender proposed, and a winner is a candidate confirmed faster than that incumbent. Correctness
+is always judged against the reference. Everything lands in the run's store as it happens, so
+Ctrl-C keeps every result and `--resume` continues the run.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from athanor.errors import ConfigError
 from athanor.evaluate import Evaluator, Verdict
 from athanor.loop.config import CompileConfig
 from athanor.loop.report import write_report
+from athanor.serve.candidates import load_candidate_dir
 from athanor.store import EvaluationRecord, Store, open_store
 from athanor.traffic import TrafficProfile, load_profile
 
@@ -67,14 +71,17 @@ class Session:
                                 seed=config.seed, include_compile=config.budget_s >= 600)
         agents_config = dataclasses.replace(config.agents_config, variant=variant)
         make_agents(list(config.agents), agents_config)  # raises on an unknown agent or a missing key
+        self.incumbent: Candidate | None = _load_incumbent(config.incumbent) if config.incumbent is not None else None
+        self.reference = baseline_candidate()
+        self.baseline: Candidate = self.incumbent or self.reference
+        """What every candidate is timed against (and a winner must beat)."""
         config.out_dir.mkdir(parents=True, exist_ok=True)
         self.store: Store = open_store(config.out_dir)
-        self.reference = baseline_candidate()
         self.run_id = self._start_or_resume()
         self.board = Board(self.store, self.run_id)
         self.agents = make_agents(list(config.agents), agents_config, board=self.board)
         self.budget = BudgetAllocator([a.name for a in self.agents])
-        self.sources: dict[str, Candidate] = {self.reference.id: self.reference}
+        self.sources: dict[str, Candidate] = {self.baseline.id: self.baseline, self.reference.id: self.reference}
         self.fast_verdicts: dict[str, Verdict] = {}
         self.slow_verdicts: dict[str, Verdict] = {}
         self._warm_start()
@@ -83,20 +90,33 @@ class Session:
     def _start_or_resume(self) -> str:
         cfg = self.config
         runs = self.store.runs(limit=1)
+        incumbent = {"id": self.incumbent.id, "dir": str(cfg.incumbent)} if self.incumbent else None
         if cfg.resume:
             if not runs:
                 raise ConfigError(f"--resume: {cfg.out_dir} holds no run to resume; drop --resume to start one")
+            was = runs[0].config.get("incumbent")
+            if (was or {}).get("id") != (incumbent or {}).get("id"):
+                against = f"incumbent {was['id']} ({was['dir']})" if was else "the reference"
+                raise ConfigError(f"--incumbent: run {runs[0].id} in {cfg.out_dir} was timed against {against}; "
+                                  "resume it with the same --incumbent or choose another --out")
             run = self.store.resume_run(runs[0].id)
             self.emit(f"resuming run {run.id} ({len(self.store.evaluations(run.id))} evaluations so far)")
         else:
             if runs:
                 raise ConfigError(f"--out {cfg.out_dir}: already holds run {runs[0].id}; pass --resume to continue "
                                   "it or choose another --out")
-            run = self.store.add_run(cfg.model, cfg.traffic, cfg.device,
-                                     config={"budget_s": cfg.budget_s, "agents": list(cfg.agents), "seed": cfg.seed})
+            config = {"budget_s": cfg.budget_s, "agents": list(cfg.agents), "seed": cfg.seed}
+            if incumbent:
+                config["incumbent"] = incumbent
+            run = self.store.add_run(cfg.model, cfg.traffic, cfg.device, config=config)
             self.store.add_traffic_snapshot(cfg.traffic, self.profile.to_dict(), run_id=run.id)
         self.store.add_candidate(run.id, self.reference.source, author="reference",
                                  description="the reference forward (baseline)")
+        if self.incumbent is not None:
+            m = self.incumbent.manifest
+            self.store.add_candidate(run.id, self.incumbent.source, parent_id=m.parent[:16], author="incumbent",
+                                     description=f"the incumbent to beat ({m.author}: {m.description})",
+                                     manifest=dataclasses.asdict(m))
         return run.id
 
     def _warm_start(self) -> None:
@@ -127,7 +147,8 @@ class Session:
         slow = Evaluator(cfg.evaluate_config("slow"))
         try:
             self.emit(f"run {self.run_id}: {cfg.model} on {cfg.device}, traffic {cfg.traffic}, "
-                      f"budget {cfg.budget_s:.0f} s, agents {', '.join(a.name for a in self.agents)}")
+                      f"budget {cfg.budget_s:.0f} s, agents {', '.join(a.name for a in self.agents)}"
+                      + (f", against incumbent {self.baseline.id} ({cfg.incumbent})" if self.incumbent else ""))
             self._search(fast, deadline - cfg.reserve_s)
             self._confirm(slow, deadline)
         except KeyboardInterrupt:
@@ -143,6 +164,10 @@ class Session:
                              summary.get("speedup", {}), interrupted, summary)
 
     def _search(self, fast: Evaluator, until: float) -> None:
+        # Against a given incumbent the reference forward is a contender too, and the first one: a
+        # stale deployed candidate may well be slower than it.
+        if self.incumbent is not None and self.reference.id not in (self.incumbent.id, *self.fast_verdicts):
+            self._screen(fast, self.reference)
         active = {a.name: a for a in self.agents}
         while time.monotonic() < until and active:
             agent = active[self.budget.choose(list(active))]
@@ -166,13 +191,18 @@ class Session:
                 self.store.add_candidate(self.run_id, cand.source, parent_id=proposal.parent_id,
                                          author=proposal.author, description=proposal.description,
                                          manifest=cand.manifest.__dict__)
-                verdict = fast.evaluate(cand, self.reference)
-                self.fast_verdicts[cand.id] = verdict
-                record = self.store.record_verdict(self.run_id, verdict.to_dict(), tier="fast")
-                for a in self.agents:
-                    a.observe([record])
-                self.budget.record_evaluation(record)
-                self.emit(_line("fast", proposal.author, proposal.description, verdict))
+                self._screen(fast, cand)
+
+    def _screen(self, fast: Evaluator, cand: Candidate) -> None:
+        """Time one candidate on the fast tier against the baseline; record it and tell the agents."""
+        verdict = fast.evaluate(cand, self.baseline)
+        self.fast_verdicts[cand.id] = verdict
+        record = self.store.record_verdict(self.run_id, verdict.to_dict(), tier="fast")
+        for a in self.agents:
+            a.observe([record])
+        if record.author in self.budget.agents:  # the reference is nobody's proposal
+            self.budget.record_evaluation(record)
+        self.emit(_line("fast", cand.manifest.author, cand.manifest.description, verdict))
 
     def _confirm(self, slow: Evaluator, deadline: float) -> None:
         """Confirm fast-tier winners on the whole model, best projected cost first, while time remains."""
@@ -185,7 +215,7 @@ class Session:
             if self.slow_verdicts and time.monotonic() >= deadline:
                 break
             cand = self.sources[verdict.candidate_id]
-            slow_verdict = slow.evaluate(cand, self.reference)
+            slow_verdict = slow.evaluate(cand, self.baseline)
             self.slow_verdicts[cand.id] = slow_verdict
             record = self.store.record_verdict(self.run_id, slow_verdict.to_dict(), tier="slow")
             for a in self.agents:
@@ -195,7 +225,7 @@ class Session:
                 break
 
     def _context(self) -> AgentContext:
-        incumbent = self.winner_id() or self.reference.id
+        incumbent = self.winner_id() or self.baseline.id
         source = self.sources[incumbent].source
         return AgentContext(
             run_id=self.run_id, incumbent_id=incumbent, incumbent_source=source,
@@ -213,6 +243,13 @@ class Session:
 
     def evaluations(self) -> list[EvaluationRecord]:
         return self.store.evaluations(self.run_id)
+
+
+def _load_incumbent(directory: Path) -> Candidate:
+    try:
+        return load_candidate_dir(directory)
+    except ConfigError as e:
+        raise ConfigError(f"--incumbent: {e}") from None
 
 
 def _line(tier: str, author: str, description: str, v: Verdict) -> str:

@@ -3,7 +3,8 @@
 `POST /admin/deploy {"candidate_dir": DIR}` answers 202 with the new deployment; its phase then moves
 building -> shadow -> live -> deployed (or rolled_back / failed), visible at `GET /admin/deployments`
 and `GET /admin/deployments/{id}`. Each deployment is recorded in the store when the server has one
-(`athanor.store.Store.add_deployment` / `update_deployment`).
+(`athanor.store.Store.add_deployment` / `update_deployment`). `GET /admin/current` says what is served
+now and from which directory, so that `athanor watch` can compile against it (`current_candidate`).
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ import hmac
 import logging
 import time
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any, Protocol
 
+from athanor.errors import ConfigError
 from athanor.serve.api import APIError
+from athanor.serve.candidates import load_candidate_dir
 from athanor.serve.messages import DeploymentState
 
 log = logging.getLogger(__name__)
@@ -105,6 +109,23 @@ class DeploymentBook:
 
     def all(self) -> list[Deployment]:
         return [self._items[k] for k in sorted(self._items)]
+
+
+def current_candidate(active_id: str, candidate_dir: str) -> dict[str, Any]:
+    """`GET /admin/current`: the id of the candidate serving now and the directory it was loaded from.
+
+    `candidate_dir` is None when the server serves the built-in reference forward: it was started
+    without `--candidate` and nothing was deployed since, or the directory's candidate did not build
+    (the worker then falls back to the reference), or the directory no longer holds that candidate.
+    """
+    directory: str | None = None
+    if candidate_dir:
+        try:
+            if load_candidate_dir(candidate_dir).id == active_id:
+                directory = str(Path(candidate_dir).resolve())  # the server's cwd means nothing to a client
+        except ConfigError as e:
+            log.warning("the served candidate's directory %s no longer loads: %s", candidate_dir, e)
+    return {"object": "candidate", "candidate_id": active_id, "candidate_dir": directory}
 
 
 def check_token(expected: str, authorization: str | None) -> None:

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 from athanor.engine.config import EngineConfig, SandboxConfig
 from athanor.errors import AthanorError
 from athanor.serve import api
-from athanor.serve.admin import DeploymentBook, DeploymentRecorder, check_token
+from athanor.serve.admin import DeploymentBook, DeploymentRecorder, check_token, current_candidate
 from athanor.serve.api import APIError
 from athanor.serve.candidates import load_candidate_dir
 from athanor.serve.config import CanaryConfig, SchedulerConfig, WorkerConfig
@@ -340,6 +340,12 @@ def create_app(options: ServeOptions) -> FastAPI:
         check_token(options.admin_token, request.headers.get("authorization"))
         return {"object": "list", "active_candidate": handle().active_candidate,
                 "data": [d.to_dict() for d in state.deployments.all()]}
+
+    @app.get("/admin/current")
+    async def current(request: Request) -> dict[str, Any]:
+        check_token(options.admin_token, request.headers.get("authorization"))
+        h = handle()
+        return current_candidate(h.active_candidate, h.config.candidate_dir)
 
     @app.get("/admin/deployments/{deployment_id}")
     async def deployment(request: Request, deployment_id: int) -> dict[str, Any]:

@@ -2,9 +2,12 @@
 
 The continuous part of the loop (DESIGN.md, "The loop"): windows of the server's request log (by its
 timestamps) become `TrafficProfile`s; `athanor.traffic.DriftMonitor` judges each against the
-reference; when a change warrants a recompile, `athanor.loop.compile_session` compiles for the new
-window's profile and its winner goes to the server's admin API (`POST /admin/deploy`), whose canary
-decides. One status line per event. Everything needed to go on — the log offset, the open window,
+reference; when a change warrants a recompile, the watch asks the server what it serves
+(`GET /admin/current`), `athanor.loop.compile_session` compiles for the new window's profile against
+that candidate (the session's incumbent; the reference forward competes too), and a winner, which
+beat what is served, goes to the server's admin API (`POST /admin/deploy`), whose canary decides.
+The watch and the server share a file system: candidate directories travel as paths. One status
+line per event. Everything needed to go on — the log offset, the open window,
 the reference profile, the drift streak and an interrupted recompile — is kept in a JSON state file
 after every event, so a restarted watch neither re-reads old traffic nor forgets a pending deploy.
 """
@@ -182,15 +185,20 @@ class Watcher:
             yield from self._recompile(profile)
 
     def _recompile(self, profile: TrafficProfile) -> Iterator[str]:
+        served_id, served_dir = served_candidate(self.options.server, self.options.admin_token)
         index = len(list(self.workdir.glob("session-*"))) + 1 if self.workdir.exists() else 1
         out = self.workdir / f"session-{index:03d}"
         out.mkdir(parents=True, exist_ok=True)
         traffic = out / "traffic.json"
         traffic.write_text(profile.to_json(indent=1))
-        yield f"recompile {index}: compiling {self.options.model} for the new traffic ({self.options.budget}) -> {out}"
-        winner = compile_winner(self.options.model, traffic, self.budget_s, self.options.device, out)
+        against = (f"the served candidate {served_id} ({served_dir})" if served_dir
+                   else f"the served reference forward ({served_id})")
+        yield (f"recompile {index}: compiling {self.options.model} for the new traffic ({self.options.budget}) "
+               f"against {against} -> {out}")
+        winner = compile_winner(self.options.model, traffic, self.budget_s, self.options.device, out,
+                                incumbent=served_dir)
         if winner is None:
-            yield f"recompile {index}: no verified winner; the server keeps its candidate"
+            yield f"recompile {index}: nothing was confirmed faster than {against}; the server keeps it"
         else:
             yield f"recompile {index}: winner {winner}; deploying to {self.options.server}"
             dep = deploy(self.options.server, self.options.admin_token, winner, self.options.deploy_timeout_s)
@@ -200,11 +208,31 @@ class Watcher:
         self._save()
 
 
-def compile_winner(model: str, traffic: Path, budget_s: float, device: str, out: Path) -> Path | None:
-    """Run one compile session for `traffic`; the deployable winner directory, or None when nothing verified won."""
+def served_candidate(server: str, token: str) -> tuple[str, Path | None]:
+    """What the server serves now (`GET /admin/current`): its candidate id, and the directory it was
+    loaded from (None: the built-in reference forward)."""
+    try:
+        r = httpx.get(f"{server}/admin/current", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    except httpx.HTTPError as e:
+        raise ConfigError(f"--server {server}: cannot ask what it serves ({e}); is the server up?") from None
+    if r.status_code != 200:
+        raise ConfigError(f"--server {server}: GET /admin/current answered HTTP {r.status_code}: {r.text[:300]}")
+    body = r.json()
+    directory = body.get("candidate_dir")
+    if directory and not Path(directory).is_dir():
+        raise ConfigError(f"--server {server}: it serves {body['candidate_id']} from {directory}, which this "
+                          "machine cannot read; run the watch where the server's candidate directories are")
+    return str(body["candidate_id"]), Path(directory) if directory else None
+
+
+def compile_winner(model: str, traffic: Path, budget_s: float, device: str, out: Path,
+                   incumbent: Path | None = None) -> Path | None:
+    """Run one compile session for `traffic`, timed against `incumbent` (a candidate directory; None: the
+    reference forward); the deployable winner directory, or None when nothing was confirmed faster."""
     from athanor.loop import CompileConfig, compile_session
 
-    compile_session(CompileConfig(model=model, traffic=str(traffic), budget_s=budget_s, device=device, out_dir=out))
+    compile_session(CompileConfig(model=model, traffic=str(traffic), budget_s=budget_s, device=device, out_dir=out,
+                                  incumbent=incumbent))
     winner = out / "winner"
     return winner if (winner / "candidate.py").is_file() else None
 

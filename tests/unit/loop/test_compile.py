@@ -94,7 +94,8 @@ def test_an_unreachable_endpoint_stops_that_agent_not_the_run(tmp_path: Path) ->
 
 def test_cli_errors_are_one_line(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    for args, needle in ((["--agents", "nope"], "--agents"), (["--budget", "soon"], "--budget soon")):
+    for args, needle in ((["--agents", "nope"], "--agents"), (["--budget", "soon"], "--budget soon"),
+                         (["--incumbent", str(tmp_path / "nope")], "--incumbent")):
         done = subprocess.run([sys.executable, "-m", "athanor", "compile", "--model", "tiny-dense", "--out", str(out),
                                *args], capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and "Traceback" not in done.stderr

@@ -1,8 +1,11 @@
 """`athanor watch`: the Azure code trace, then the conversation trace, give one recompile (and its one deployment).
 
 The log is fed in two parts with a restart of the watch between them (its state file carries the
-offset, the open window and the reference profile across). The compile session is the real
-`athanor.loop.compile_session` on a tiny preset; the deployment goes through a real server's admin API.
+offset, the open window and the reference profile across). The server starts with a planted candidate
+that is correct but twice as slow as the reference; the watch asks the server what it serves
+(`GET /admin/current`) and the recompile (the real `athanor.loop.compile_session` on a tiny preset)
+is timed against it, so its winner (the reference forward at least) beats it by a margin that survives
+busy cores, and the one deployment goes through a real server's admin API and canary.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from athanor.engine.candidate import Candidate, baseline_candidate
+from athanor.evaluate.static_checks import check_source
+from athanor.serve.candidates import write_candidate_dir
 from athanor.serve.launch import ServerProcess
 from athanor.traffic import read_columns
 
@@ -28,6 +34,24 @@ def _records(path: Path, base: float) -> list[str]:
     return [json.dumps({"timestamp": base + float(t), "input_length": int(i), "output_length": int(o),
                         "hash_ids": [], "ttft_s": 0.1, "latency_s": 1.0})
             for t, i, o in zip(rel, trace.input_length, trace.output_length)]
+
+
+def _slow_candidate(directory: Path) -> Candidate:
+    """A correct but ~2x slower candidate: the reference forward running every step twice (the second
+    run rewrites the same KV entries and returns the same logits)."""
+    source = baseline_candidate().source
+    for step, batch in (("prefill", "PrefillBatch"), ("decode", "DecodeBatch")):
+        header = f"    def {step}(self, batch: {batch}) -> Tensor:\n"
+        assert source.count(header) == 1, f"the reference's {step} signature changed: update this test"
+        source = source.replace(header, (
+            f"{header}"
+            f"        self._{step}_once(batch)  # redundant on purpose: the same step again\n"
+            f"        return self._{step}_once(batch)\n\n"
+            f"    def _{step}_once(self, batch: {batch}) -> Tensor:\n"))
+    assert check_source(source) == []
+    cand = Candidate.from_source(source, author="test", description="the reference, every step twice (slow)")
+    write_candidate_dir(cand, directory)
+    return cand
 
 
 def _watch(log: Path, server: str, token_file: Path, state: Path) -> list[str]:
@@ -45,9 +69,14 @@ def test_watch_recompiles_once_and_deploys_once(tmp_path: Path) -> None:
     pytest.importorskip("athanor.loop", reason="athanor.loop.compile_session has not landed yet")
     token = tmp_path / "token"
     token.write_text("watch-token\n")
+    auth = {"Authorization": "Bearer watch-token"}
     log, state = tmp_path / "requests.jsonl", tmp_path / "watch.json"
-    with ServerProcess(["--model", MODEL, "--max-seqs", "4", "--max-seq-len", "256", "--admin-token-file", str(token)],
-                       tmp_path / "server.log") as server:
+    slow = _slow_candidate(tmp_path / "slow")
+    with ServerProcess(["--model", MODEL, "--max-seqs", "4", "--max-seq-len", "256", "--admin-token-file", str(token),
+                        "--candidate", str(tmp_path / "slow")], tmp_path / "server.log") as server:
+        assert httpx.get(f"{server.url}/admin/current").status_code == 401
+        current = httpx.get(f"{server.url}/admin/current", headers=auth).json()
+        assert current["candidate_id"] == slow.id and current["candidate_dir"] == str((tmp_path / "slow").resolve())
         log.write_text("\n".join(_records(code, 1.7e9)) + "\n")
         first = _watch(log, server.url, token, state)
         assert not any(line.startswith("recompile") for line in first), first
@@ -56,12 +85,16 @@ def test_watch_recompiles_once_and_deploys_once(tmp_path: Path) -> None:
         second = _watch(log, server.url, token, state)
         lines = first + second
         assert sum("drift warrants a recompile" in line for line in lines) == 1, lines
+        assert any(f"against the served candidate {slow.id}" in line for line in lines), lines
         deploys = [line for line in lines if line.startswith("deploy ")]
-        history = httpx.get(f"{server.url}/admin/deployments", headers={"Authorization": "Bearer watch-token"}).json()
-        report = json.loads((tmp_path / "watch.sessions" / "session-001" / "report.json").read_text())
-        # A session that verified no winner (a short budget on 2 busy cores can end so) deploys nothing.
-        expected = 1 if report["verified"] else 0
-        assert len(deploys) == expected == len(history["data"]), "\n".join(lines)
-        if expected:
-            assert history["data"][0]["phase"] in ("deployed", "rolled_back")
-            assert history["data"][0]["candidate_id"] == report["winner_id"][:16]
+        history = httpx.get(f"{server.url}/admin/deployments", headers=auth).json()
+        session = tmp_path / "watch.sessions" / "session-001"
+        report = json.loads((session / "report.json").read_text())
+        assert report["verified"], report.get("reason")
+        assert report["incumbent"]["id"] == slow.id and report["speedup"]["against"] == "incumbent", report
+        assert len(deploys) == 1 == len(history["data"]), "\n".join(lines)
+        assert history["data"][0]["phase"] == "deployed", history
+        assert history["data"][0]["candidate_id"] == report["winner_id"][:16]
+        current = httpx.get(f"{server.url}/admin/current", headers=auth).json()
+        assert current["candidate_id"] == report["winner_id"][:16]
+        assert current["candidate_dir"] == str((session / "winner").resolve())
