@@ -215,8 +215,8 @@ def _poison(resident: Resident) -> None:
 
 
 def _run_one(engine: Engine, resident: Resident, x: Any, kind: str) -> tuple[Tensor, bool]:
-    if kind == "decode":
-        _, logits, used_graph = resident.runner.step(x)
+    if kind == "decode":  # script rows are greedy (`_as_run`): the argmax graph, as greedy serving runs
+        _, logits, used_graph = resident.runner.step(x, greedy=True)
         return logits, used_graph
     batch: PrefillBatch = x[0]
     out = check_logits(resident.forward.prefill(batch), batch.num_seqs, engine.model.spec.vocab_size, "prefill()")
@@ -232,7 +232,10 @@ def _stage_graph(runner: DecodeRunner, x: StepInputs) -> tuple[torch.cuda.CUDAGr
     for name in StepInputs.__dataclass_fields__:
         getattr(runner._in, name)[:num_rows].copy_(getattr(x, name), non_blocking=True)
     runner._pad_from(num_rows)
-    graph, _out_tokens, out_logits = runner._graphs[runner.buckets[i]]
+    key = (runner.buckets[i], True)  # greedy rows, as in `_run_one`
+    if key not in runner._graphs:
+        runner._capture(*key)
+    graph, _out_tokens, out_logits = runner._graphs[key]
     return graph, out_logits, num_rows
 
 

@@ -193,9 +193,9 @@ def bench_decode(model_name: str, batch: int, context: int, candidate: str = "re
         pos = torch.full((batch,), context, dtype=torch.long, device=dev)
         x = StepInputs(tokens=rows % 100, positions=pos, slots=rows, seq_lens=pos,
                        temperature=torch.zeros(batch, device=dev), top_p=torch.ones(batch, device=dev), seeds=rows)
-        times = _time_steps(lambda: runner.step(x), dev, iters, min_time_s)
+        times = _time_steps(lambda: runner.step(x, greedy=True), dev, iters, min_time_s)  # temperature 0
         if kernels and dev.type == "cuda":
-            record.update(kernel_profile(lambda: runner.step(x), dev, step_us=1e6 * times))
+            record.update(kernel_profile(lambda: runner.step(x, greedy=True), dev, step_us=1e6 * times))
         engine._release(engine.residents.pop(reply.candidate_id))
         engine._cleanup()
     record["status"] = "ok"

@@ -72,7 +72,8 @@ class Executor:
                 positions = self._long([c.start for c in chunks])
                 tokens = self._long([c.seq.tokens[c.start] for c in chunks])
                 out, logits, _ = resident.runner.step(
-                    StepInputs(tokens, positions, slots, positions, temperature, top_p, seeds))
+                    StepInputs(tokens, positions, slots, positions, temperature, top_p, seeds),
+                    greedy=all(r.temperature <= 0 for r in req))
             else:
                 flat = [t for c in chunks for t in c.seq.tokens[c.start:c.end]]
                 cu = [0]
