@@ -8,7 +8,7 @@ replayed. On CPU, or for a candidate that is not graph-safe, the same step runs 
 Each bucket has two graphs: decode + `sample` (temperature, top-p: a softmax and a sort over the
 vocabulary, ~0.14 ms a step on an H200 with a 128k vocabulary) and decode + argmax, which a step
 whose every row is greedy replays instead (the caller knows its rows' temperatures on the host).
-The greedy graph of a bucket is captured on its first use, into the same memory pool.
+Both are captured up front, into one memory pool (never in the middle of a run).
 """
 
 from __future__ import annotations
@@ -123,7 +123,8 @@ class DecodeRunner:
                     self.eager(self._view(rows))
         torch.cuda.current_stream(self.device).wait_stream(stream)
         for rows in reversed(self.buckets):
-            self._capture(rows, greedy=False)
+            for greedy in (False, True):
+                self._capture(rows, greedy)
         torch.cuda.synchronize(self.device)
         log.debug("captured decode graphs for buckets %s", self.buckets)
 
@@ -148,8 +149,6 @@ class DecodeRunner:
         for name in StepInputs.__dataclass_fields__:
             getattr(self._in, name)[:num_rows].copy_(getattr(x, name), non_blocking=True)
         self._pad_from(num_rows)
-        if (rows, greedy) not in self._graphs:
-            self._capture(rows, greedy)
         graph, out_tokens, out_logits = self._graphs[(rows, greedy)]
         graph.replay()
         return out_tokens[:num_rows].clone(), out_logits[:num_rows].clone(), True

@@ -232,10 +232,7 @@ def _stage_graph(runner: DecodeRunner, x: StepInputs) -> tuple[torch.cuda.CUDAGr
     for name in StepInputs.__dataclass_fields__:
         getattr(runner._in, name)[:num_rows].copy_(getattr(x, name), non_blocking=True)
     runner._pad_from(num_rows)
-    key = (runner.buckets[i], True)  # greedy rows, as in `_run_one`
-    if key not in runner._graphs:
-        runner._capture(*key)
-    graph, _out_tokens, out_logits = runner._graphs[key]
+    graph, _out_tokens, out_logits = runner._graphs[(runner.buckets[i], True)]  # greedy rows, as in `_run_one`
     return graph, out_logits, num_rows
 
 
