@@ -1,0 +1,255 @@
+"""A fast forward pass for the dense Llama/Qwen family and its MoE cousins, one switch per move.
+
+This is a candidate file (see DESIGN.md, "The candidate seam"): `build(model, ctx)` returns a
+`Forward`. It computes what `athanor.model.reference` computes, with the choices in `OPTIONS`
+below: fused weights, Triton kernels from `athanor.kernels`, a KV-cache layout, torch.compile and
+CUDA-graph safety. `athanor.moves.render` rewrites only the OPTIONS block; everything else is
+ordinary code an agent may edit. Each option is documented by its `Move` in `athanor.moves`.
+
+KV cache: per layer, k and v indexed as [max_seqs + 1, num_kv_heads, max_seq_len, head_dim]
+(for kv_layout "token_major" that is a permuted view of [slots, max_seq_len, heads, D] storage).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from athanor.kernels import (
+    add_rms_norm,
+    decode_attention,
+    decode_attention_per_seq,
+    linear,
+    moe_experts,
+    rms_norm,
+    rope,
+    rope_and_cache,
+)
+from athanor.kernels import route as route_kernel
+from athanor.kernels import silu_mul as silu_mul_kernel
+from athanor.model import BuildContext, DecodeBatch, Model, PrefillBatch
+from athanor.model.reference import rope_inv_freq  # the oracle's frequencies, Llama-3 scaling included
+
+# --- OPTIONS (rendered by athanor.moves.render) ---
+OPTIONS: dict[str, Any] = {
+    "fused_qkv": True,
+    "fused_gate_up": False,
+    "rmsnorm": "triton",
+    "rope": "triton_fused_cache",
+    "attention": "triton_split_kv",
+    "kv_layout": "head_major",
+    "gemv": "cublas",
+    "silu_mul": "torch",
+    "moe": "loop",
+    "routing": "torch",
+    "compile": None,
+    "graphs": True,
+}
+# --- end OPTIONS ---
+
+
+def impl(option: str) -> Literal["torch"] | None:
+    """The `impl` argument for a kernel: "torch" forces the fallback; "triton..." values pass None,
+    which runs Triton wherever it can (CUDA, or TRITON_INTERPRET=1) and PyTorch elsewhere."""
+    return None if str(OPTIONS[option]).startswith("triton") else "torch"
+
+
+class Layer:
+    """One layer's weights, transformed once in build() (fused copies are this candidate's memory)."""
+
+    def __init__(self, model: Model, i: int) -> None:
+        spec, get = model.spec, (lambda name: model.layer(i, name))
+        self.attn_norm, self.mlp_norm, self.wo = get("attn_norm"), get("mlp_norm"), get("wo")
+        self.q_norm = get("q_norm") if spec.qk_norm else None
+        self.k_norm = get("k_norm") if spec.qk_norm else None
+        if OPTIONS["fused_qkv"]:
+            self.wqkv = torch.cat([get("wq"), get("wk"), get("wv")])  # [(Hq + 2 Hkv) D, H]
+            self.bqkv = torch.cat([get("bq"), get("bk"), get("bv")]) if spec.attn_bias else None
+        else:
+            self.wq, self.wk, self.wv = get("wq"), get("wk"), get("wv")
+            biases = (get("bq"), get("bk"), get("bv")) if spec.attn_bias else (None, None, None)
+            self.bq: Tensor | None = biases[0]
+            self.bk: Tensor | None = biases[1]
+            self.bv: Tensor | None = biases[2]
+        self.moe = spec.moe is not None
+        prefix = "" if spec.moe is None else "shared."
+        self.has_mlp = spec.moe is None or bool(spec.moe.shared_intermediate_size)
+        if self.has_mlp:
+            self.w_down = get(prefix + "w_down")
+            if OPTIONS["fused_gate_up"]:
+                self.w_gate_up = torch.cat([get(prefix + "w_gate"), get(prefix + "w_up")])  # [2I, H]
+            else:
+                self.w_gate, self.w_up = get(prefix + "w_gate"), get(prefix + "w_up")
+        if spec.moe is not None:
+            self.router = get("router")
+            self.router_bias = model.weights.get(f"layers.{i}.router_bias")
+            self.shared_gate = get("shared.gate") if spec.moe.shared_gate else None
+            self.experts_down = get("experts.w_down")
+            gate, up = get("experts.w_gate"), get("experts.w_up")
+            self.experts_gate_up: Tensor | tuple[Tensor, Tensor] = (
+                torch.cat([gate, up], dim=1) if OPTIONS["fused_gate_up"] else (gate, up))  # [E, 2I, H]
+
+
+class FastForward:
+    """Prefill and decode with the kernels and layouts OPTIONS picks."""
+
+    def __init__(self, model: Model, ctx: BuildContext) -> None:
+        spec = model.spec
+        self.model, self.spec, self.ctx = model, spec, ctx
+        self.eps = spec.rms_norm_eps
+        # A MoE loop has data-dependent shapes and host syncs: such a decode cannot be captured.
+        # The per-sequence attention loop and the reference MoE loop sync with the host.
+        self.graph_safe = (bool(OPTIONS["graphs"]) and OPTIONS["attention"] != "torch_per_seq"
+                           and (spec.moe is None or OPTIONS["moe"] != "loop"))
+        self.layers = [Layer(model, i) for i in range(spec.num_layers)]
+        self.embed, self.norm, self.lm_head = model.get("embed"), model.get("norm"), model.get("lm_head")
+        positions = torch.arange(ctx.max_seq_len, dtype=torch.float32)
+        freqs = torch.outer(positions, rope_inv_freq(spec))
+        emb = torch.cat((freqs, freqs), dim=-1)  # [max_seq_len, D]
+        self.cos = emb.cos().to(device=ctx.device, dtype=ctx.dtype).contiguous()
+        self.sin = emb.sin().to(device=ctx.device, dtype=ctx.dtype).contiguous()
+        self.k_cache = [self._allocate_cache() for _ in range(spec.num_layers)]
+        self.v_cache = [self._allocate_cache() for _ in range(spec.num_layers)]
+        self.routing_observer = None
+        """Called with (layer, topk_ids [N, top_k]) on every MoE layer when set (routing capture)."""
+        self._decode_layers = self.decode_layers
+        if OPTIONS["compile"] is not None:
+            # No "reduce-overhead": the engine captures the whole step in its own CUDA graphs.
+            self._decode_layers = torch.compile(self.decode_layers, mode=OPTIONS["compile"], dynamic=False)
+
+    def _allocate_cache(self) -> Tensor:
+        s, c = self.spec, self.ctx
+        if OPTIONS["kv_layout"] == "token_major":  # [slots, L, Hkv, D]: each token's heads are adjacent
+            return c.allocate((c.max_seqs + 1, c.max_seq_len, s.num_kv_heads, s.head_dim)).transpose(1, 2)
+        return c.allocate((c.max_seqs + 1, s.num_kv_heads, c.max_seq_len, s.head_dim))
+
+    # -- pieces -----------------------------------------------------------------------------
+    def _linear(self, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+        return linear(x, w, b, gemv=str(OPTIONS["gemv"]))
+
+    def _norm(self, x: Tensor, residual: Tensor | None, w: Tensor) -> tuple[Tensor, Tensor]:
+        """(rms_norm(x + residual), x + residual); the first layer has no residual yet."""
+        if residual is None:
+            return rms_norm(x, w, self.eps, impl=impl("rmsnorm")), x
+        return add_rms_norm(x, residual, w, self.eps, impl=impl("rmsnorm"))
+
+    def _qkv(self, layer: Layer, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q [N, Hq, D], k and v [N, Hkv, D] (q/k-normed, not yet rotated) for hidden states h [N, H]."""
+        s, n = self.spec, h.shape[0]
+        if OPTIONS["fused_qkv"]:
+            qkv = self._linear(h, layer.wqkv, layer.bqkv)
+            q_dim, kv_dim = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+            q, k, v = qkv[:, :q_dim], qkv[:, q_dim:q_dim + kv_dim], qkv[:, q_dim + kv_dim:]
+        else:
+            q, k, v = (self._linear(h, layer.wq, layer.bq), self._linear(h, layer.wk, layer.bk),
+                       self._linear(h, layer.wv, layer.bv))
+        q = q.view(n, s.num_heads, s.head_dim)
+        k = k.view(n, s.num_kv_heads, s.head_dim)
+        v = v.view(n, s.num_kv_heads, s.head_dim)
+        if layer.q_norm is not None and layer.k_norm is not None:
+            q = rms_norm(q, layer.q_norm, self.eps, impl=impl("rmsnorm"))
+            k = rms_norm(k, layer.k_norm, self.eps, impl=impl("rmsnorm"))
+        return q, k, v
+
+    def _swiglu(self, layer: Layer, x: Tensor) -> Tensor:
+        if OPTIONS["fused_gate_up"]:
+            gu = self._linear(x, layer.w_gate_up)
+            width = gu.shape[1] // 2
+            act = silu_mul_kernel(gu[:, :width], gu[:, width:], impl=impl("silu_mul"))
+        else:
+            act = silu_mul_kernel(self._linear(x, layer.w_gate), self._linear(x, layer.w_up),
+                                  impl=impl("silu_mul"))
+        return self._linear(act, layer.w_down)
+
+    def _mlp(self, i: int, layer: Layer, x: Tensor) -> Tensor:
+        if not layer.moe:
+            return self._swiglu(layer, x)
+        moe = self.spec.moe
+        assert moe is not None
+        topk_ids, topk_weights = route_kernel(self._linear(x, layer.router), moe.top_k, moe.scoring, moe.renormalize,
+                                              layer.router_bias, impl=impl("routing"))
+        if self.routing_observer is not None:
+            self.routing_observer(i, topk_ids)
+        out = moe_experts(x, layer.experts_gate_up, layer.experts_down, topk_ids, topk_weights,
+                          backend=str(OPTIONS["moe"]))
+        if layer.has_mlp:
+            shared = self._swiglu(layer, x)
+            if layer.shared_gate is not None:
+                shared = torch.sigmoid(F.linear(x, layer.shared_gate)) * shared
+            out = out + shared
+        return out
+
+    def _logits(self, x: Tensor, residual: Tensor) -> Tensor:
+        h, _ = self._norm(x, residual, self.norm)
+        return self._linear(h, self.lm_head)
+
+    # -- the seam ---------------------------------------------------------------------------
+    def prefill(self, batch: PrefillBatch) -> Tensor:
+        cu, starts, slots = batch.cu_seqlens.tolist(), batch.seq_lens.tolist(), batch.slots.tolist()
+        x: Tensor = F.embedding(batch.tokens, self.embed)  # [T, H]
+        residual: Tensor | None = None
+        for i, layer in enumerate(self.layers):
+            h, residual = self._norm(x, residual, layer.attn_norm)
+            q, k, v = self._qkv(layer, h)
+            q, k = rope(q, k, self.cos, self.sin, batch.positions, impl=impl("rope"))
+            out = torch.empty_like(q)  # [T, Hq, D]
+            for b, slot in enumerate(slots):
+                lo, hi, start = cu[b], cu[b + 1], starts[b]
+                end = start + hi - lo
+                self.k_cache[i][slot, :, start:end] = k[lo:hi].transpose(0, 1)
+                self.v_cache[i][slot, :, start:end] = v[lo:hi].transpose(0, 1)
+                keys, values = self.k_cache[i][slot, :, :end], self.v_cache[i][slot, :, :end]  # [Hkv, end, D]
+                if start == 0:
+                    mask, causal = None, True
+                else:  # a continued prefill: query j sits at position start + j
+                    q_pos = torch.arange(start, end, device=x.device)
+                    mask, causal = torch.arange(end, device=x.device)[None, :] <= q_pos[:, None], False
+                attn = F.scaled_dot_product_attention(
+                    q[lo:hi].transpose(0, 1)[None], keys[None], values[None],
+                    attn_mask=mask, is_causal=causal, enable_gqa=True,
+                )  # [1, Hq, n, D]
+                out[lo:hi] = attn[0].transpose(0, 1)
+            x = self._linear(out.flatten(1), layer.wo)
+            h, residual = self._norm(x, residual, layer.mlp_norm)
+            x = self._mlp(i, layer, h)
+        assert residual is not None
+        last = batch.cu_seqlens[1:] - 1
+        return self._logits(x[last], residual[last])
+
+    def decode_layers(self, tokens: Tensor, positions: Tensor, slots: Tensor) -> Tensor:
+        """Logits [B, vocab] of one decode step; a pure function of its inputs and the caches (compilable)."""
+        kv_lens = positions + 1  # the new token is written before attention reads
+        static = bool(OPTIONS["graphs"]) or OPTIONS["compile"] is not None
+        x: Tensor = F.embedding(tokens, self.embed)  # [B, H]
+        residual: Tensor | None = None
+        for i, layer in enumerate(self.layers):
+            h, residual = self._norm(x, residual, layer.attn_norm)
+            q, k, v = self._qkv(layer, h)
+            kc, vc = self.k_cache[i], self.v_cache[i]
+            if OPTIONS["rope"] == "triton_fused_cache":
+                q = rope_and_cache(q, k, v, self.cos, self.sin, positions, slots, kc, vc)
+            else:
+                q, k = rope(q, k, self.cos, self.sin, positions, impl=impl("rope"))
+                kc[slots, :, positions] = k
+                vc[slots, :, positions] = v
+            if OPTIONS["attention"] == "torch_per_seq":
+                attn = decode_attention_per_seq(q, kc, vc, slots, kv_lens)
+            else:
+                attn = decode_attention(q.contiguous(), kc, vc, slots, kv_lens, static=static,
+                                        impl=impl("attention"))
+            x = self._linear(attn.flatten(1), layer.wo)
+            h, residual = self._norm(x, residual, layer.mlp_norm)
+            x = self._mlp(i, layer, h)
+        assert residual is not None
+        return self._logits(x, residual)
+
+    def decode(self, batch: DecodeBatch) -> Tensor:
+        return self._decode_layers(batch.tokens, batch.positions, batch.slots)
+
+
+def build(model: Model, ctx: BuildContext) -> FastForward:
+    """The candidate entry point."""
+    return FastForward(model, ctx)
