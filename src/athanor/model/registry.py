@@ -155,7 +155,8 @@ def load_tokenizer(name_or_path: str = DEFAULT_MODEL) -> Tokenizer:
             tokenizer = tokenizer_from_hf_dir(marker.parent)
             if tokenizer is not None:
                 return tokenizer
-    _, tokenizer = load_model_and_tokenizer(name_or_path)
+    # A random preset has no tokenizer: say so without building its weights (GBs for the large ones).
+    tokenizer = None if preset_of(name_or_path) else load_model_and_tokenizer(name_or_path)[1]
     if tokenizer is None:
         raise ConfigError(f"--model {name_or_path}: has no tokenizer (random presets have none); "
                           f"use {DEFAULT_MODEL}, a .gguf file or an HF directory with tokenizer.json")
