@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -59,8 +60,10 @@ class Executor:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _run(self, resident: Resident, chunks: list[Chunk], decode: bool, twin: bool) -> tuple[Tensor, Tensor, float]:
-        """(sampled next tokens [B], logits [B, vocab], seconds) of `chunks` on `resident`."""
+    def _run(self, resident: Resident, chunks: list[Chunk], decode: bool, twin: bool,
+             while_running: Callable[[], None] | None = None) -> tuple[Tensor, Tensor, float]:
+        """(sampled next tokens [B], logits [B, vocab], seconds) of `chunks` on `resident`;
+        `while_running` is called once the step is queued on the device, before waiting for it."""
         req = [c.seq.request for c in chunks]
         # One host-to-device copy per dtype, not one per field: each blocking copy from pageable
         # memory costs the step loop ~10 us of host time, and a batch-1 decode step is ~1-3 ms.
@@ -85,6 +88,9 @@ class Executor:
                 logits = check_logits(resident.forward.prefill(batch), len(chunks), self.vocab_size, "prefill()")
                 last = self._long([c.end - 1 for c in chunks])
                 out = sample(logits, temperature, top_p, seeds, last)
+        if while_running is not None:
+            while_running()  # host work (the previous step's report) overlaps this step's device work
+        with self.engine._armed():
             self._sync()
         return out, logits, time.perf_counter() - t
 
@@ -92,8 +98,10 @@ class Executor:
         """Equal-length host lists (empty ones dropped) as one [len(rows), B] tensor on the device."""
         return torch.tensor([r for r in rows if r], dtype=dtype).to(self.device, non_blocking=True)
 
-    def run(self, plan: StepPlan, canary: Canary | None) -> list[StepFailure]:
-        """Run every candidate's part of the step, then the shadow runs; advance the sequences that ran."""
+    def run(self, plan: StepPlan, canary: Canary | None,
+            while_running: Callable[[], None] | None = None) -> list[StepFailure]:
+        """Run every candidate's part of the step, then the shadow runs; advance the sequences that ran.
+        `while_running` is called once, while the device runs the first part."""
         failures: list[StepFailure] = []
         for decode, parts in ((True, plan.decode), (False, plan.prefill)):
             for cid, chunks in parts.items():
@@ -102,7 +110,9 @@ class Executor:
                     failures.append(StepFailure(cid, f"candidate {cid} is not resident"))
                     continue
                 try:
-                    tokens, logits, seconds = self._run(resident, chunks, decode, twin=False)
+                    tokens, logits, seconds = self._run(resident, chunks, decode, twin=False,
+                                                        while_running=while_running)
+                    while_running = None
                 except Exception as e:
                     exit_if_device_broken(e)
                     failures.append(StepFailure(cid, f"candidate {cid}: {format_exception(e, 6)}"))

@@ -50,6 +50,8 @@ class ServingLoop:
         ec = config.engine
         self.scheduler = Scheduler(config.scheduler, ec.max_seqs, ec.max_seq_len)
         self.executor = Executor(engine, self.scheduler)
+        self._unreported: tuple[int, int, list[Sequence], float] | None = None
+        """The last step's report, not sent yet (see `_flush_report`)."""
         assert engine.active is not None
         self.incumbent: str = engine.active
         self.scheduler.add_candidate(self.incumbent)
@@ -204,9 +206,10 @@ class ServingLoop:
         phase = self.canary.phase if self.canary is not None else ""
         t = time.perf_counter()
         if plan:
-            failures = self.executor.run(plan, self.canary)
+            failures = self.executor.run(plan, self.canary, while_running=self._flush_report)
             for failure in failures:
                 self._failed(failure, plan)
+        self._flush_report()  # when the step ran nothing (or failed before the device ran it)
         finished = self.scheduler.finished
         self.scheduler.finished = []
         if self.canary is not None and not self.canary.finished:
@@ -217,8 +220,18 @@ class ServingLoop:
             self._after_decision()
         self._retire()
         if plan or finished:
-            self._report(plan.num_decode_rows, plan.num_prefill_tokens, finished, time.perf_counter() - t)
+            # Sent while the device runs the next step (see `_flush_report`); at once when there is none.
+            self._unreported = (plan.num_decode_rows, plan.num_prefill_tokens, finished, time.perf_counter() - t)
+            if self.scheduler.is_idle:
+                self._flush_report()
         return bool(plan)
+
+    def _flush_report(self) -> None:
+        """Send the last step's tokens to their front ends. Called while the device runs the next step,
+        so encoding and sending them does not add to every token's time."""
+        if self._unreported is not None:
+            pending, self._unreported = self._unreported, None
+            self._report(*pending)
 
     def _failed(self, failure: Any, plan: Any) -> None:
         canary = self.canary
