@@ -4,12 +4,7 @@
 # batch-1 decode at context 1024 through the engine's captured path (target: <= 1.28 ms/token,
 # the gpt-fast-style torch.compile figure measured on this H200). Run directory under $OUT.
 #   ATHANOR_COMMIT=$(git rev-parse HEAD) bash bench/gpu_compile_1b.sh
-set -uo pipefail
-OUT=${OUT:-bench/results}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/athanor-site .whl/*.whl
-export PYTHONPATH=$PWD/src:/tmp/athanor-site
+source "$(dirname "$0")/_gpu_env.sh"
 run="$OUT/compile-llama-3.2-1b-h200"
 t0=$(date +%s)
 timeout 530 python3 -m athanor compile --model llama-3.2-1b --traffic preset:chat --budget 8m --agents variant \

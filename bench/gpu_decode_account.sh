@@ -5,15 +5,12 @@
 # (the gpt-fast recipe), the 8B best per kernel, then qwen3-30b-a3b at batch 1 (routing replayed
 # from a Zipf-parametric profile unless ROUTING names a recorded one). JSON per cell under $OUT.
 #   ATHANOR_COMMIT=$(git rev-parse HEAD) bash bench/gpu_decode_account.sh
-set -uo pipefail
-OUT=${OUT:-bench/results}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 OUT
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/athanor-site .whl/*.whl
-export PYTHONPATH=$PWD/src:/tmp/athanor-site
+source "$(dirname "$0")/_gpu_env.sh"
 export TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1
+fused=/tmp/fused_torch_compile.py  # the template with fused QKV and gate/up, torch ops, torch.compile
+python3 -c 'from athanor.moves.render import render; print(render("fast", {"fused_qkv": True, "fused_gate_up": True, "compile": "default"}))' > $fused
 timeout 330 python3 bench/decode_matrix.py --kernels --budget 280 --cells \
-llama-3.2-1b:best:1:1024,llama-3.2-1b:best+compile:1:1024,llama-3.2-1b:bench/candidates/fused_torch_compile.py:1:1024,\
+llama-3.2-1b:best:1:1024,llama-3.2-1b:best+compile:1:1024,llama-3.2-1b:$fused:1:1024,\
 llama-3.1-8b:best:1:1024 2>&1 | tail -12
 timeout 200 python3 bench/decode_matrix.py --budget 150 ${ROUTING:+--routing $ROUTING} --cells \
 qwen3-30b-a3b:best:1:1024,qwen3-30b-a3b:reference:1:1024 2>&1 | tail -8

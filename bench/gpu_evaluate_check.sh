@@ -3,15 +3,9 @@
 # llama-3.2-1b in bf16 (bench/evaluate_noise.py), and one stream through `athanor serve` against the
 # bare batch-1 step (bench/serve_stream.py); JSON and logs under $OUT, tables last.
 #   ATHANOR_COMMIT=$(git rev-parse HEAD) bash bench/gpu_evaluate_check.sh
-set -uo pipefail
-OUT=${OUT:-bench/results}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
+source "$(dirname "$0")/_gpu_env.sh"
 nvidia-smi -L
 python3 -c 'import torch, sys; print(sys.version.split()[0], torch.__version__)'
-# As the Makefile's gpu-test target: the wheels into /tmp/athanor-site, the tree's sources first.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/athanor-site .whl/*.whl
-export PYTHONPATH=$PWD/src:/tmp/athanor-site
 python3 -c 'import fastapi, uvicorn, openai, zmq, optuna, sqlalchemy' || echo 'MISSING WHEELS'
 timeout 240 python3 -m pytest tests/gpu/test_evaluate_gpu.py -q -m gpu -p no:cacheprovider -rA \
   -o log_cli=true --log-cli-level=INFO 2>&1 | tee "$OUT/gpu-evaluate-test.log" \

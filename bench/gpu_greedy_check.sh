@@ -3,12 +3,7 @@
 # eager), then batch-1 decode with the argmax graph: llama-3.2-1b reference and best (per kernel),
 # llama-3.1-8b best. JSON per cell under $OUT.
 #   ATHANOR_COMMIT=$(git rev-parse HEAD) bash bench/gpu_greedy_check.sh
-set -uo pipefail
-OUT=${OUT:-bench/results}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 OUT
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/athanor-site .whl/*.whl
-export PYTHONPATH=$PWD/src:/tmp/athanor-site
+source "$(dirname "$0")/_gpu_env.sh"
 timeout 200 python3 -m pytest tests/gpu/test_engine_gpu.py tests/gpu/test_model_gpu.py -q -m gpu -p no:cacheprovider \
   2>&1 | tail -4
 timeout 200 python3 bench/decode_matrix.py --kernels --budget 150 --cells \

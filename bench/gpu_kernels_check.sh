@@ -8,20 +8,11 @@
 #    `athanor bench decode`): llama-3.2-1b reference, best, reference+compile; llama-3.1-8b
 #    reference, best. JSON per cell: $OUT/decode_<model>_<candidate>_b1_c1024.json.
 # 3. The test summary and the table, last.
-set -uo pipefail
-OUT=${OUT:-bench/results}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
+source "$(dirname "$0")/_gpu_env.sh"
 start=$SECONDS
 nvidia-smi -L
 python3 -c 'import torch, triton, sys; print(sys.version.split()[0], torch.__version__, triton.__version__)'
 
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/athanor-site .whl/*.whl
-else
-  echo "no .whl/ here (pass it in the device call's carry): using the image's packages only"
-fi
-export PYTHONPATH=$PWD/src:/tmp/athanor-site
 timeout -k 10 170 python3 -m pytest tests/gpu/test_kernels_gpu.py -q -m gpu -p no:cacheprovider -s \
   >"$OUT/gpu-kernels-test.log" 2>&1
 test_rc=$?

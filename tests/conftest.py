@@ -41,3 +41,30 @@ def gen() -> torch.Generator:
     seed = int.from_bytes(os.urandom(4), "little")
     print(f"seed={seed}")  # shown with the captured output of a failing test
     return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture
+def write_slow_candidate():
+    """A function writing, into a directory, a correct but ~2x slower candidate: the reference forward
+    running every step twice (the second run rewrites the same KV entries and returns the same
+    logits); it returns the Candidate."""
+    from athanor.engine.candidate import Candidate, baseline_candidate
+    from athanor.evaluate.static_checks import check_source
+    from athanor.serve.candidates import write_candidate_dir
+
+    def write(directory: Path) -> Candidate:
+        source = baseline_candidate().source
+        for step, batch in (("prefill", "PrefillBatch"), ("decode", "DecodeBatch")):
+            header = f"    def {step}(self, batch: {batch}) -> Tensor:\n"
+            assert source.count(header) == 1, f"the reference's {step} signature changed: update this fixture"
+            source = source.replace(header, (
+                f"{header}"
+                f"        self._{step}_once(batch)  # redundant on purpose: the same step again\n"
+                f"        return self._{step}_once(batch)\n\n"
+                f"    def _{step}_once(self, batch: {batch}) -> Tensor:\n"))
+        assert check_source(source) == []
+        cand = Candidate.from_source(source, author="test", description="the reference, every step twice (slow)")
+        write_candidate_dir(cand, directory)
+        return cand
+
+    return write

@@ -6,6 +6,11 @@ the two matmuls. Slicing `k_cache[slot, :, :len]` is a view, so this reads each 
 once and only up to its own length. It loops over the batch on the host (`.tolist()`), so it is
 not CUDA-graph safe: it is the CPU's answer, where there are no graphs and memory traffic is
 everything (x2-7 faster per layer at batch 8-32 and 1-2k context on the CPU here).
+
+When the rows' slots are consecutive (an engine hands slots out in order) the cache rows
+`k_cache[s0:s0 + B, :, :L]` are themselves a view, so the whole batch attends in three batched
+ops instead of a Python loop of five per row — provided the longest context L wastes little on
+the shorter ones (at most `MAX_PADDING` of the keys read are masked out).
 """
 
 from __future__ import annotations
@@ -13,16 +18,28 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from athanor.model.reference import decode_attention
+
+MAX_PADDING = 0.25
+"""Largest share of masked-out keys the batched view path may read (else: one row at a time)."""
+
 
 def decode_attention_per_seq(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor) -> Tensor:
     """Grouped-query decode attention. Returns [B, Hq, D].
 
     q: [B, Hq, D]; k_cache, v_cache: [slots, Hkv, max_seq_len, D] (any strides); slots, kv_lens: [B] int64.
     """
-    _, hq, d = q.shape
+    b, hq, d = q.shape
     hkv = k_cache.shape[1]
+    rows, lens = slots.tolist(), kv_lens.tolist()
+    longest = max(lens, default=0)
+    if b > 1 and rows == list(range(rows[0], rows[0] + b)) and b * longest * (1 - MAX_PADDING) <= sum(lens):
+        keys = k_cache[rows[0]:rows[0] + b, :, :longest]  # [B, Hkv, L, D] views: nothing gathered
+        values = v_cache[rows[0]:rows[0] + b, :, :longest]
+        mask = torch.arange(longest, device=q.device)[None, :] < kv_lens[:, None]
+        return decode_attention(q, keys, values, mask).view(b, hq, d)
     out = torch.empty_like(q)
-    for row, (slot, n) in enumerate(zip(slots.tolist(), kv_lens.tolist())):
+    for row, (slot, n) in enumerate(zip(rows, lens)):
         keys, values = k_cache[slot, :, :n], v_cache[slot, :, :n]  # [Hkv, n, D] views
         qg = q[row].view(hkv, hq // hkv, d)  # query heads sharing one KV head are adjacent
         scores = (qg @ keys.transpose(-1, -2)).float() * d**-0.5  # [Hkv, G, n]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from athanor.kernels import HAS_TRITON, decode_attention, num_kv_splits
+from athanor.kernels import HAS_TRITON, decode_attention, decode_attention_per_seq, num_kv_splits
 from athanor.model import reference
 
 triton_only = pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
@@ -60,3 +60,18 @@ def test_num_kv_splits_is_static_and_bounded():
     assert num_kv_splits(1, 8, 32768, cpu) == 4  # 4 programs per "SM" (8 on CPU) over 8 heads
     assert num_kv_splits(128, 8, 32768, cpu) == 1
     assert num_kv_splits(1, 1, 100, cpu) == 2  # never more splits than 64-key tiles
+
+
+@pytest.mark.parametrize(("slots", "kv_lens"), [
+    ([2, 3, 4, 5], [90, 100, 96, 100]),  # consecutive slots, similar lengths: the batched view path
+    ([2, 3, 4, 5], [5, 10, 96, 100]),  # consecutive, but short rows would waste keys: one row at a time
+    ([5, 1, 3, 0], [90, 100, 96, 100]),  # slots out of order: one row at a time
+])
+def test_per_seq_attention_paths_agree(gen, slots, kv_lens):
+    hq, hkv, d, max_len, num_slots = 6, 3, 16, 128, 7
+    q = torch.randn(len(slots), hq, d, generator=gen)
+    k_cache = torch.randn(num_slots, hkv, max_len, d, generator=gen)
+    v_cache = torch.randn(num_slots, hkv, max_len, d, generator=gen)
+    s, n = torch.tensor(slots), torch.tensor(kv_lens)
+    out = decode_attention_per_seq(q, k_cache, v_cache, s, n)
+    torch.testing.assert_close(out, _expected(q, k_cache, v_cache, s, n), rtol=1e-4, atol=1e-5)

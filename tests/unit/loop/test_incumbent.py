@@ -3,37 +3,18 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from athanor.engine.candidate import Candidate, baseline_candidate
 from athanor.errors import ConfigError
-from athanor.evaluate.static_checks import check_source
 from athanor.loop import CompileConfig, compile_session
-from athanor.serve.candidates import write_candidate_dir
 
 
-def slow_incumbent(directory: Path) -> Candidate:
-    """A correct but ~2x slower candidate: the reference forward running every step twice (the second
-    run rewrites the same KV entries and returns the same logits), written as a candidate directory."""
-    source = baseline_candidate().source
-    for step, batch in (("prefill", "PrefillBatch"), ("decode", "DecodeBatch")):
-        header = f"    def {step}(self, batch: {batch}) -> Tensor:\n"
-        assert source.count(header) == 1, f"the reference's {step} signature changed: update this test"
-        source = source.replace(header, (
-            f"{header}"
-            f"        self._{step}_once(batch)  # redundant on purpose: the same step again\n"
-            f"        return self._{step}_once(batch)\n\n"
-            f"    def _{step}_once(self, batch: {batch}) -> Tensor:\n"))
-    assert check_source(source) == []
-    cand = Candidate.from_source(source, author="test", description="the reference, every step twice (slow)")
-    write_candidate_dir(cand, directory)
-    return cand
-
-
-def test_a_slow_incumbent_is_beaten_and_named(tmp_path: Path) -> None:
-    slow = slow_incumbent(tmp_path / "incumbent")
+def test_a_slow_incumbent_is_beaten_and_named(tmp_path: Path, write_slow_candidate: Callable[[Path], Candidate]) -> None:
+    slow = write_slow_candidate(tmp_path / "incumbent")
     out = tmp_path / "run"
     events: list[str] = []
     config = CompileConfig(model="tiny-dense", traffic="preset:chat", budget_s=40.0, out_dir=out, max_seqs=8,

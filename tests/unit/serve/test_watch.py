@@ -13,14 +13,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
-from athanor.engine.candidate import Candidate, baseline_candidate
-from athanor.evaluate.static_checks import check_source
-from athanor.serve.candidates import write_candidate_dir
+from athanor.engine.candidate import Candidate
 from athanor.serve.launch import ServerProcess
 from athanor.traffic import read_columns
 
@@ -36,24 +35,6 @@ def _records(path: Path, base: float) -> list[str]:
             for t, i, o in zip(rel, trace.input_length, trace.output_length)]
 
 
-def _slow_candidate(directory: Path) -> Candidate:
-    """A correct but ~2x slower candidate: the reference forward running every step twice (the second
-    run rewrites the same KV entries and returns the same logits)."""
-    source = baseline_candidate().source
-    for step, batch in (("prefill", "PrefillBatch"), ("decode", "DecodeBatch")):
-        header = f"    def {step}(self, batch: {batch}) -> Tensor:\n"
-        assert source.count(header) == 1, f"the reference's {step} signature changed: update this test"
-        source = source.replace(header, (
-            f"{header}"
-            f"        self._{step}_once(batch)  # redundant on purpose: the same step again\n"
-            f"        return self._{step}_once(batch)\n\n"
-            f"    def _{step}_once(self, batch: {batch}) -> Tensor:\n"))
-    assert check_source(source) == []
-    cand = Candidate.from_source(source, author="test", description="the reference, every step twice (slow)")
-    write_candidate_dir(cand, directory)
-    return cand
-
-
 def _watch(log: Path, server: str, token_file: Path, state: Path) -> list[str]:
     done = subprocess.run([sys.executable, "-m", "athanor", "watch", "--model", MODEL, "--log", str(log), "--server",
                            server, "--admin-token-file", str(token_file), "--window", "10m", "--budget", "40s",
@@ -62,7 +43,7 @@ def _watch(log: Path, server: str, token_file: Path, state: Path) -> list[str]:
     return done.stdout.splitlines()
 
 
-def test_watch_recompiles_once_and_deploys_once(tmp_path: Path) -> None:
+def test_watch_recompiles_once_and_deploys_once(tmp_path: Path, write_slow_candidate: Callable[[Path], Candidate]) -> None:
     code, conv = TRACES / "azure_llm_2023_code.csv", TRACES / "azure_llm_2023_conv.csv"
     if not (code.is_file() and conv.is_file()):
         pytest.skip(f"the shared traces are not in {TRACES}")
@@ -71,7 +52,7 @@ def test_watch_recompiles_once_and_deploys_once(tmp_path: Path) -> None:
     token.write_text("watch-token\n")
     auth = {"Authorization": "Bearer watch-token"}
     log, state = tmp_path / "requests.jsonl", tmp_path / "watch.json"
-    slow = _slow_candidate(tmp_path / "slow")
+    slow = write_slow_candidate(tmp_path / "slow")
     with ServerProcess(["--model", MODEL, "--max-seqs", "4", "--max-seq-len", "256", "--admin-token-file", str(token),
                         "--candidate", str(tmp_path / "slow")], tmp_path / "server.log") as server:
         assert httpx.get(f"{server.url}/admin/current").status_code == 401
