@@ -1,0 +1,170 @@
+"""Fast tier against slow tier (issue 6): do fast-tier speedups predict the whole model's, and how
+many more candidates does screening on the fast tier evaluate in the same time?
+
+Candidates come from the variant agent (`athanor.agents.variant.VariantSearch`, the best-known
+options first, then Optuna's TPE over the moves, told every fast-tier verdict as in a compile
+session). Each is evaluated against the reference on the fast tier and on the slow tier with the
+evaluators `athanor compile` builds for the device (`CompileConfig.evaluate_config`), and every
+verdict is kept in a store under --out. Figures:
+
+- Spearman rank correlation (SciPy) of fast- against slow-tier median speedups, over the candidates
+  timed on both tiers (those rejected before timing on either have no speedup to rank);
+- misses: candidates the fast tier rejected that the slow tier accepted, and whether one of them
+  is the slow tier's best (the candidate the slow tier would have crowned);
+- equal budget (`--budget`, default 8 minutes), replayed from the measured wall times of these very
+  evaluations in proposal order: "fast + slow" screens every candidate on the fast tier and
+  confirms, best projected cost first, those it accepted, keeping `CompileConfig.reserve_s` for
+  confirming; "slow only" evaluates candidates on the slow tier until the budget is spent. Reported:
+  candidates each strategy evaluates, their ratio, and the slow-tier speedup of each one's winner.
+
+    python bench/tiers.py --model smollm2-135m --device cpu --candidates 30 [--traffic preset:chat]
+    python bench/tiers.py --model llama-3.1-8b --device cuda --dtype bfloat16 --candidates 30
+
+Writes tiers_<model>_<device>.json (under --out, default bench/results). Targets (issue 6):
+Spearman >= 0.8, no miss of the slow tier's best, >= 5x more candidates screened at equal budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from scipy.stats import spearmanr
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from _record import write
+from athanor.agents.base import AgentContext
+from athanor.agents.variant import VariantConfig, VariantSearch
+from athanor.engine.candidate import Candidate, baseline_candidate
+from athanor.evaluate import Evaluator, Verdict
+from athanor.evaluate.cascade import model_spec
+from athanor.loop.config import CompileConfig
+from athanor.store import open_store
+
+
+def _row(cand: Candidate, fast: Verdict, slow: Verdict) -> dict[str, Any]:
+    return {"candidate_id": cand.id, "description": cand.manifest.description,
+            **{f"{tier}_{k}": v for tier, verdict in (("fast", fast), ("slow", slow)) for k, v in (
+                ("accepted", verdict.accepted), ("stage", verdict.stage), ("reason", verdict.reason[:200]),
+                ("speedup", verdict.speedup.median), ("ci_low", verdict.speedup.ci_low),
+                ("ci_high", verdict.speedup.ci_high), ("gpu_s_per_1k", verdict.gpu_s_per_1k_requests),
+                ("wall_s", verdict.wall_s))}}
+
+
+def equal_budget(rows: list[dict[str, Any]], budget_s: float, reserve_s: float) -> dict[str, Any]:
+    """Both strategies replayed from the measured wall times, candidates in proposal order."""
+    spent, screened, accepted = 0.0, 0, []
+    for r in rows:  # fast + slow: screen until the reserve, then confirm the best accepted first
+        if spent + r["fast_wall_s"] > budget_s - reserve_s:
+            break
+        spent += r["fast_wall_s"]
+        screened += 1
+        if r["fast_accepted"]:
+            accepted.append(r)
+    winner, confirmed = None, 0
+    for r in sorted(accepted, key=lambda r: r["fast_gpu_s_per_1k"]):
+        if confirmed and spent + r["slow_wall_s"] > budget_s:  # the first confirmation always runs
+            break
+        spent += r["slow_wall_s"]
+        confirmed += 1
+        if r["slow_accepted"]:
+            winner = r
+            break
+    slow_spent, slow_done, slow_winner = 0.0, 0, None
+    for r in rows:  # slow only
+        if slow_done and slow_spent + r["slow_wall_s"] > budget_s:
+            break
+        slow_spent += r["slow_wall_s"]
+        slow_done += 1
+        if r["slow_accepted"] and (slow_winner is None or r["slow_gpu_s_per_1k"] < slow_winner["slow_gpu_s_per_1k"]):
+            slow_winner = r
+    return {
+        "budget_s": budget_s, "reserve_s": reserve_s,
+        "fast_slow": {"screened": screened, "confirmed": confirmed, "wall_s": spent,
+                      "winner": winner["candidate_id"] if winner else None,
+                      "winner_slow_speedup": winner["slow_speedup"] if winner else None},
+        "slow_only": {"evaluated": slow_done, "wall_s": slow_spent,
+                      "winner": slow_winner["candidate_id"] if slow_winner else None,
+                      "winner_slow_speedup": slow_winner["slow_speedup"] if slow_winner else None},
+        "screened_ratio": screened / max(slow_done, 1),
+    }
+
+
+def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    timed = [r for r in rows if math.isfinite(r["fast_speedup"]) and math.isfinite(r["slow_speedup"])]
+    rho = float(spearmanr([r["fast_speedup"] for r in timed], [r["slow_speedup"] for r in timed]).statistic) \
+        if len(timed) >= 3 else float("nan")
+    crowned = min((r for r in rows if r["slow_accepted"]), key=lambda r: r["slow_gpu_s_per_1k"], default=None)
+    misses = [r["candidate_id"] for r in rows if r["slow_accepted"] and not r["fast_accepted"]]
+    return {"timed_on_both": len(timed), "spearman": rho, "misses": misses,
+            "slow_best": crowned["candidate_id"] if crowned else None,
+            "slow_best_missed": bool(crowned and crowned["candidate_id"] in misses)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="")
+    ap.add_argument("--traffic", default="preset:chat")
+    ap.add_argument("--candidates", type=int, default=30)
+    ap.add_argument("--budget", type=float, default=480.0, help="seconds of the equal-budget comparison")
+    ap.add_argument("--max-seqs", type=int, default=0, help="engine slots (0: what athanor compile uses)")
+    ap.add_argument("--max-seq-len", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = ap.parse_args()
+    config = CompileConfig(model=args.model, traffic=args.traffic, device=args.device, dtype=args.dtype,
+                           max_seqs=args.max_seqs, max_seq_len=args.max_seq_len, seed=args.seed, budget_s=args.budget)
+    spec = model_spec(args.model)
+    agent = VariantSearch(VariantConfig(device="cpu" if config.on_cpu else "cuda", moe=spec.moe is not None,
+                                        seed=args.seed))
+    reference = baseline_candidate()
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="athanor-tiers-") as tmp, \
+            Evaluator(config.evaluate_config("fast")) as fast, Evaluator(config.evaluate_config("slow")) as slow:
+        store = open_store(Path(tmp))
+        run = store.add_run(args.model, args.traffic, args.device, config={"benchmark": "tiers"})
+        store.add_candidate(run.id, reference.source, author="reference")
+        started = time.perf_counter()
+        while len(rows) < args.candidates:
+            proposals = agent.propose(AgentContext(run_id=run.id, incumbent_id=reference.id,
+                                                   incumbent_source=reference.source))
+            if not proposals:
+                print("the variant agent has nothing new to propose", file=sys.stderr)
+                break
+            p = proposals[0]
+            cand = Candidate.from_source(p.source, parent=p.parent_id, author=p.author, description=p.description)
+            store.add_candidate(run.id, cand.source, parent_id=p.parent_id, author=p.author, description=p.description)
+            fv = fast.evaluate(cand, reference)
+            agent.observe([store.record_verdict(run.id, fv.to_dict(), tier="fast")])
+            sv = slow.evaluate(cand, reference)
+            store.record_verdict(run.id, sv.to_dict(), tier="slow")
+            rows.append(_row(cand, fv, sv))
+            r = rows[-1]
+            print(f"{len(rows):3d} {cand.id} fast x{r['fast_speedup']:.3f} ({r['fast_stage']}, {r['fast_wall_s']:.0f} s)"
+                  f"  slow x{r['slow_speedup']:.3f} ({r['slow_stage']}, {r['slow_wall_s']:.0f} s)  {p.description[:60]}",
+                  file=sys.stderr, flush=True)
+    record = {"benchmark": "tiers", "model": args.model, "device": args.device, "traffic": args.traffic,
+              "fast_layers": config.evaluate_config("fast").fast_layers, "wall_s": time.perf_counter() - started,
+              "candidates": rows, **figures(rows), "equal_budget": equal_budget(rows, args.budget, config.reserve_s)}
+    path = write(record, Path(args.out) / f"tiers_{args.model}_{args.device}.json")
+    eb = record["equal_budget"]
+    print(f"\n{len(rows)} candidates, {record['timed_on_both']} timed on both tiers -> {path}")
+    print(f"Spearman fast vs slow: {record['spearman']:.3f} (target >= 0.8)")
+    print(f"fast-tier misses: {len(record['misses'])}; the slow tier's best missed: {record['slow_best_missed']}")
+    print(f"{args.budget:.0f} s: fast+slow screens {eb['fast_slow']['screened']} (winner x"
+          f"{eb['fast_slow']['winner_slow_speedup'] or float('nan'):.3f}), slow only evaluates "
+          f"{eb['slow_only']['evaluated']} (winner x{eb['slow_only']['winner_slow_speedup'] or float('nan'):.3f}):"
+          f" {eb['screened_ratio']:.1f}x (target >= 5x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
