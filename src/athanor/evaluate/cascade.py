@@ -243,7 +243,10 @@ class Evaluator:
               stage: str) -> TierResult:
         cfg = self.config
         n, full = engines.num_layers, self.spec.num_layers
-        shapes = obj.choose_shapes(self.workload(), self.spec, cfg.max_seqs, cfg.max_seq_len, cfg.decode_pairs,
+        # Room for the warm-up steps too: a context that leaves room for the timed steps alone makes
+        # the script prefill a second round of prompts for the last few steps (twice the cost on a CPU).
+        shapes = obj.choose_shapes(self.workload(), self.spec, cfg.max_seqs, cfg.max_seq_len,
+                                   cfg.decode_pairs + cfg.warmup,
                                    self.dtype_bytes, cfg.max_decode_shapes, cfg.max_prefill_shapes)
         for attempt in range(cfg.max_attempts):
             times: dict[obj.StepShape, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
