@@ -43,8 +43,8 @@ from athanor.agents.base import AgentContext
 from athanor.agents.variant import VariantConfig, VariantSearch
 from athanor.engine.candidate import Candidate, baseline_candidate
 from athanor.evaluate import Evaluator, Verdict
-from athanor.evaluate.cascade import model_spec
 from athanor.loop.config import CompileConfig
+from athanor.model.registry import load_spec
 from athanor.store import open_store
 
 
@@ -122,7 +122,7 @@ def main() -> int:
     args = ap.parse_args()
     config = CompileConfig(model=args.model, traffic=args.traffic, device=args.device, dtype=args.dtype,
                            max_seqs=args.max_seqs, max_seq_len=args.max_seq_len, seed=args.seed, budget_s=args.budget)
-    spec = model_spec(args.model)
+    spec = load_spec(args.model)
     agent = VariantSearch(VariantConfig(device="cpu" if config.on_cpu else "cuda", moe=spec.moe is not None,
                                         seed=args.seed))
     reference = baseline_candidate()

@@ -135,22 +135,30 @@ class DecodeRunner:
         self._pool = graph.pool()
         self._graphs[(rows, greedy)] = (graph, out_tokens, out_logits)
 
+    def stage(self, x: StepInputs, greedy: bool = False) -> tuple[torch.cuda.CUDAGraph, Tensor, Tensor] | None:
+        """Copy `x` into the static inputs, pad to its bucket, and return that bucket's (graph, output
+        tokens, output logits) to replay — the argmax graph when `greedy`; None when no graph fits."""
+        num_rows = int(x.tokens.shape[0])
+        i = bisect.bisect_left(self.buckets, num_rows)
+        if not self._graphs or i == len(self.buckets):
+            return None
+        for name in StepInputs.__dataclass_fields__:
+            getattr(self._in, name)[:num_rows].copy_(getattr(x, name), non_blocking=True)
+        self._pad_from(num_rows)
+        return self._graphs[(self.buckets[i], greedy)]
+
     def step(self, x: StepInputs, greedy: bool = False) -> tuple[Tensor, Tensor, bool]:
         """(next tokens [B], logits [B, vocab], whether a graph ran) for rows already on the device.
 
         `greedy`: every row's temperature is <= 0 (known to the caller on the host); the step then
         replays the bucket's argmax graph instead of the sampling one."""
-        num_rows = int(x.tokens.shape[0])
-        i = bisect.bisect_left(self.buckets, num_rows)
-        if not self._graphs or i == len(self.buckets):
+        staged = self.stage(x, greedy)
+        if staged is None:
             tokens, logits = self.eager(x, greedy)
             return tokens, logits, False
-        rows = self.buckets[i]
-        for name in StepInputs.__dataclass_fields__:
-            getattr(self._in, name)[:num_rows].copy_(getattr(x, name), non_blocking=True)
-        self._pad_from(num_rows)
-        graph, out_tokens, out_logits = self._graphs[(rows, greedy)]
+        graph, out_tokens, out_logits = staged
         graph.replay()
+        num_rows = int(x.tokens.shape[0])
         return out_tokens[:num_rows].clone(), out_logits[:num_rows].clone(), True
 
     def release(self) -> None:

@@ -31,7 +31,6 @@ candidate code, and the device's measured memory bandwidth at the model's workin
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import gc
 import hashlib
@@ -45,7 +44,7 @@ from torch import Tensor
 
 from athanor.engine import protocol as p
 from athanor.engine.candidate import MODULE_PREFIX
-from athanor.engine.graphs import DecodeRunner, StepInputs, check_logits
+from athanor.engine.graphs import check_logits
 from athanor.engine.requests import BadRequest, validate_decode, validate_prefill
 from athanor.model import Model, PrefillBatch
 
@@ -223,19 +222,6 @@ def _run_one(engine: Engine, resident: Resident, x: Any, kind: str) -> tuple[Ten
     return out, False
 
 
-def _stage_graph(runner: DecodeRunner, x: StepInputs) -> tuple[torch.cuda.CUDAGraph, Tensor, int] | None:
-    """Refill the static inputs for a replay (as `DecodeRunner.step` does); None when no graph fits."""
-    num_rows = int(x.tokens.shape[0])
-    i = bisect.bisect_left(runner.buckets, num_rows)
-    if not runner._graphs or i == len(runner.buckets):
-        return None
-    for name in StepInputs.__dataclass_fields__:
-        getattr(runner._in, name)[:num_rows].copy_(getattr(x, name), non_blocking=True)
-    runner._pad_from(num_rows)
-    graph, _out_tokens, out_logits = runner._graphs[(runner.buckets[i], True)]  # greedy rows, as in `_run_one`
-    return graph, out_logits, num_rows
-
-
 class _Timer:
     """Runs one step and times it: device events on CUDA (see the module docstring), the clock on CPU."""
 
@@ -253,14 +239,15 @@ class _Timer:
             return logits, graph, _clock() - t
         start, end = _Event(enable_timing=True), _Event(enable_timing=True)
         _cuda_sync(self.device)  # every stream, not only the engine's: nothing else runs in the window
-        staged = _stage_graph(resident.runner, x) if kind == "decode" else None
+        # Greedy rows (`_as_run`), as in `_run_one`; staged before the window opens.
+        staged = resident.runner.stage(x, greedy=True) if kind == "decode" else None
         if staged is None:
             start.record()
             logits, graph = _run_one(self.engine, resident, x, kind)
             end.record()
             _cuda_sync(self.device)
             return logits, graph, _elapsed_ms(start, end) / 1000
-        cuda_graph, out_logits, num_rows = staged
+        cuda_graph, _tokens, out_logits = staged
         _device_sleep(self.ahead)
         start.record()
         cuda_graph.replay()
@@ -268,7 +255,7 @@ class _Timer:
             self.ahead *= 2  # the device reached the start before the replay was queued: sleep longer next time
         end.record()
         _cuda_sync(self.device)
-        return out_logits[:num_rows].clone(), True, _elapsed_ms(start, end) / 1000
+        return out_logits[:int(x.tokens.shape[0])].clone(), True, _elapsed_ms(start, end) / 1000
 
 
 def _order(rng: random.Random, residents: list[Resident], last: Resident | None) -> list[int]:
@@ -318,8 +305,7 @@ def run_trajectory(engine: Engine, req: p.TrajectoryRequest) -> p.TrajectoryRepl
             last: Resident | None = None
             for s, (step, x) in enumerate(zip(req.steps, inputs, strict=True)):
                 for c in _order(order, residents, last):
-                    last = residents[c]
-                    resident = residents[c]
+                    resident = last = residents[c]
                     current = resident.candidate.id
                     if req.poison:
                         _poison(resident)

@@ -43,7 +43,7 @@ from athanor.evaluate.timing import (
     too_noisy,
 )
 from athanor.evaluate.verdict import Measurement, Speedup, TierResult, Verdict
-from athanor.model import ModelSpec
+from athanor.model.registry import load_spec
 from athanor.provenance import environment
 from athanor.traffic import Workload
 
@@ -61,13 +61,6 @@ class Rejected(Exception):
 def versions() -> dict[str, str]:
     env = environment()
     return {"torch": env["torch"], "triton": env["triton"] or ""}
-
-
-def model_spec(name: str) -> ModelSpec:
-    """The full model's spec (see `athanor.model.registry.load_spec`)."""
-    from athanor.model.registry import load_spec
-
-    return load_spec(name)
 
 
 @dataclass
@@ -91,7 +84,7 @@ class Evaluator:
 
     def __init__(self, config: EvaluateConfig) -> None:
         self.config = config
-        self.spec = model_spec(config.model)
+        self.spec = load_spec(config.model)
         self.dtype = getattr(torch, config.dtype) if config.dtype else torch.float32
         self.dtype_bytes = torch.empty(0, dtype=self.dtype).element_size()
         self._engines: dict[str, TierEngines] = {}
@@ -326,14 +319,15 @@ class Evaluator:
                 floor_bytes = obj.decode_bytes(spec, n, s.batch_size, s.context_len, eb)
             else:
                 floor_bytes = obj.head_bytes(spec, eb) + n * obj.layer_weight_bytes(spec, eb)
-            measurements.append(Measurement(
+            m = Measurement(
                 s.kind, s.batch_size, s.tokens, s.context_len, n, step_time(b), step_time(a),
                 speedup_interval(a, b, paired[s]), share[s] / max(inc_total, 1e-12),
-                physical_floor_s(floor_bytes, bandwidth), paired[s], robust_cv(a), robust_cv(b), repeatability(a, c)))
+                physical_floor_s(floor_bytes, bandwidth), paired[s], robust_cv(a), robust_cv(b), repeatability(a, c))
+            measurements.append(m)
             log.info("%s b=%d t=%d ctx=%d: %d pairs, %s statistic, cv incumbent %.2f%% candidate %.2f%%, "
                      "run-to-run %.2f%%", s.kind, s.batch_size, s.tokens, s.context_len, len(a),
-                     "per-pair" if paired[s] else "quartile", 100 * robust_cv(a), 100 * robust_cv(b),
-                     100 * repeatability(a, c))
+                     "per-pair" if m.paired else "quartile", 100 * m.incumbent_cv, 100 * m.candidate_cv,
+                     100 * m.repeatability)
         speedup = objective_speedup([ShapeTimes(tuple(a), tuple(b), share[s], paired[s])
                                      for s, (a, b, _) in times.items()])
         noise = objective_speedup([ShapeTimes(tuple(a), tuple(c), share[s], paired[s])

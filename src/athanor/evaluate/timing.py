@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import spearmanr
 
 from athanor.evaluate.verdict import Speedup
 
@@ -80,20 +81,13 @@ def repeatability(first_s: Times, second_s: Times) -> float:
     return 1.4826 * float(np.median(np.abs(lr - np.median(lr)))) / np.sqrt(2)
 
 
-def _ranks(x: np.ndarray) -> np.ndarray:
-    return np.argsort(np.argsort(x, kind="stable"), kind="stable").astype(np.float64)
-
-
 def is_paired(first_s: Times, second_s: Times) -> bool:
-    """Whether the incumbent's two runs of each step agree across steps (rank correlation at least
+    """Whether the incumbent's two runs of each step agree across steps (Spearman correlation at least
     `PAIRED_CORRELATION`): the step explains the times, so the per-pair statistic is the precise one."""
     a, c = _pairs(first_s, second_s)
-    if a.size < 8:
+    if a.size < 8 or np.ptp(a) == 0 or np.ptp(c) == 0:
         return False
-    ra, rc = _ranks(a), _ranks(c)
-    if ra.std() == 0 or rc.std() == 0:
-        return False
-    return float(np.corrcoef(ra, rc)[0, 1]) >= PAIRED_CORRELATION
+    return float(spearmanr(a, c).statistic) >= PAIRED_CORRELATION
 
 
 def _statistic(a: np.ndarray, b: np.ndarray, paired: bool) -> np.ndarray:

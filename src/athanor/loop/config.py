@@ -7,7 +7,7 @@ from pathlib import Path
 
 from athanor.agents.config import AgentsConfig
 from athanor.evaluate import EvaluateConfig
-from athanor.evaluate.cascade import model_spec
+from athanor.model.registry import load_spec
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class CompileConfig:
         says what that costs in certainty."""
         base = EvaluateConfig(
             model=self.model, device=self.device, dtype=self.dtype, tier=tier,
-            fast_layers=self.fast_layers or max(2, model_spec(self.model).num_layers // 5),
+            fast_layers=self.fast_layers or max(2, load_spec(self.model).num_layers // 5),
             traffic=self.traffic, bitwise=self.bitwise,
             max_seqs=self.max_seqs or (16 if self.on_cpu else 64),
             max_seq_len=self.max_seq_len or (1024 if self.on_cpu else 4096),

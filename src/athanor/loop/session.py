@@ -63,9 +63,9 @@ class Session:
         self.emit = on_event
         # Every input is checked before anything is written, so a bad flag leaves no half-made run.
         self.profile: TrafficProfile = load_profile(config.traffic)
-        from athanor.evaluate.cascade import model_spec
+        from athanor.model.registry import load_spec
 
-        self.spec = model_spec(config.model)
+        self.spec = load_spec(config.model)
         register_agent("variant", _variant_factory(config))
         variant = VariantConfig(device="cpu" if config.on_cpu else "cuda", moe=self.spec.moe is not None,
                                 seed=config.seed, include_compile=config.budget_s >= 600)

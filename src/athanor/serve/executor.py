@@ -67,9 +67,11 @@ class Executor:
         req = [c.seq.request for c in chunks]
         # One host-to-device copy per dtype, not one per field: each blocking copy from pageable
         # memory costs the step loop ~10 us of host time, and a batch-1 decode step is ~1-3 ms.
-        ints = self._rows([[c.seq.twin_slot if twin else c.seq.slot for c in chunks], [r.seed for r in req],
-                           [c.start for c in chunks], [c.seq.tokens[c.start] for c in chunks] if decode else []],
-                          torch.long)
+        int_rows = [[c.seq.twin_slot if twin else c.seq.slot for c in chunks], [r.seed for r in req],
+                    [c.start for c in chunks]]
+        if decode:
+            int_rows.append([c.seq.tokens[c.start] for c in chunks])  # the token each row feeds
+        ints = self._rows(int_rows, torch.long)
         floats = self._rows([[r.temperature for r in req], [r.top_p for r in req]], torch.float32)
         slots, seeds, starts, temperature, top_p = ints[0], ints[1], ints[2], floats[0], floats[1]
         t = time.perf_counter()
@@ -95,8 +97,8 @@ class Executor:
         return out, logits, time.perf_counter() - t
 
     def _rows(self, rows: list[list[int]] | list[list[float]], dtype: torch.dtype) -> Tensor:
-        """Equal-length host lists (empty ones dropped) as one [len(rows), B] tensor on the device."""
-        return torch.tensor([r for r in rows if r], dtype=dtype).to(self.device, non_blocking=True)
+        """Equal-length host lists as one [len(rows), B] tensor on the device (one copy)."""
+        return torch.tensor(rows, dtype=dtype).to(self.device, non_blocking=True)
 
     def run(self, plan: StepPlan, canary: Canary | None,
             while_running: Callable[[], None] | None = None) -> list[StepFailure]:

@@ -53,5 +53,5 @@ def test_no_graph_to_stage_on_cpu() -> None:
     assert engine.swap(p.SwapRequest(c.BASE)).status == "ok"
     runner = engine.residents[c.BASE.id].runner
     x = runner._view(2)
-    assert trajectory._stage_graph(runner, x) is None  # eager: timed with its host work, as the candidate's cost
+    assert runner.stage(x, greedy=True) is None  # eager: timed with its host work, as the candidate's cost
     assert "torch.cuda._sleep" in trajectory._CRITICAL and torch.cuda._sleep is trajectory._device_sleep
