@@ -13,7 +13,7 @@ package imports without Triton.
 from athanor.kernels.activation import silu_mul
 from athanor.kernels.attention import decode_attention, num_kv_splits
 from athanor.kernels.dispatch import HAS_TRITON, use_triton
-from athanor.kernels.gemv import linear, splitk_linear
+from athanor.kernels.gemv import fused_linear, linear, splitk_linear
 from athanor.kernels.moe import (
     ExpertGroups,
     group_by_expert,
@@ -33,6 +33,7 @@ __all__ = [
     "add_rms_norm",
     "decode_attention",
     "decode_attention_per_seq",
+    "fused_linear",
     "greedy",
     "group_by_expert",
     "grouped_mm",

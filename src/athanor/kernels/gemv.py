@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from athanor.kernels.attention import _num_sms
-from athanor.kernels.dispatch import Impl, cdiv, next_pow2, use_triton
+from athanor.kernels.dispatch import Impl, cdiv, interpreting, next_pow2, use_triton
+from athanor.kernels.norm import rms_norm_torch
 
 MAX_ROWS = 16
 """Largest row count the split-K path takes; above it `linear` uses cuBLAS."""
@@ -55,3 +56,50 @@ def linear(x: Tensor, w: Tensor, bias: Tensor | None = None, gemv: str = "cublas
     if gemv == "triton_splitk" and x.dim() == 2 and x.shape[0] <= MAX_ROWS and use_triton(x):
         return splitk_linear(x, w, bias)
     return F.linear(x, w, bias)
+
+
+MAX_FUSED_ROWS = 8
+"""Most rows `fused_linear` takes in Triton: each row is one more pass over the weight tile in registers."""
+
+
+def fused_linear(x: Tensor, w: Tensor, bias: Tensor | None = None, *, norm_weight: Tensor | None = None,
+                 eps: float = 0.0, up: Tensor | None = None, residual: Tensor | None = None,
+                 impl: Impl = None) -> Tensor:
+    """A projection with what surrounds it in a decode layer, in one kernel for <= 8 rows:
+
+        a = rms_norm(x, norm_weight, eps)   if norm_weight is given (x is the residual stream)
+          = silu(x) * up                    if up is given (x is the gate projection's output)
+          = x                               otherwise
+        y = a @ w.T (+ bias), rounded to the model dtype, then (+ residual) if given.
+
+    x, up, residual: [M, K] / [M, N] rows (any row stride); w: [N, K] row-major. The PyTorch path
+    composes the same rounding steps (`rms_norm_torch`, F.silu(x) * up, F.linear, +) and serves any M.
+    """
+    assert norm_weight is None or up is None, "a projection takes a norm or a SiLU prologue, not both"
+    m, k = x.shape
+    n = w.shape[0]
+    if m > MAX_FUSED_ROWS or not use_triton(x, impl):
+        if norm_weight is not None:
+            x = rms_norm_torch(x, norm_weight, eps)
+        elif up is not None:
+            x = F.silu(x) * up
+        y = F.linear(x, w, bias)
+        return y if residual is None else y + residual
+    from athanor.kernels.jit.fused_gemv import fused_gemv_kernel, fused_gemv_tuned
+
+    assert w.stride(1) == 1 and x.stride(1) == 1 and (up is None or up.stride(1) == 1)
+    assert residual is None or residual.stride(1) == 1
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    args = (x, up if up is not None else x, w, bias if bias is not None else w,
+            norm_weight if norm_weight is not None else w, residual if residual is not None else y, y,
+            m, n, k, eps, x.stride(0), up.stride(0) if up is not None else 0, w.stride(0),
+            residual.stride(0) if residual is not None else 0, y.stride(0))
+    flags = {"NORM": norm_weight is not None, "SILU": up is not None, "BIAS": bias is not None,
+             "RESIDUAL": residual is not None, "BLOCK_M": next_pow2(m)}
+    if interpreting():
+        fused_gemv_kernel[(cdiv(n, 16),)](*args, **flags, BLOCK_N=16, BLOCK_K=64)
+    else:
+        fused_gemv_tuned[lambda meta: (cdiv(n, meta["BLOCK_N"]),)](*args, **flags)
+    return y

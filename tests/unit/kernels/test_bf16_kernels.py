@@ -18,6 +18,7 @@ from athanor.kernels import (
     HAS_TRITON,
     add_rms_norm,
     decode_attention,
+    fused_linear,
     moe_experts,
     rms_norm,
     rope_and_cache,
@@ -141,3 +142,20 @@ def test_moe_backends_in_bf16_are_as_accurate_as_the_loop(gen, backend):
     out = moe_experts(x, (w_gate, w_up), w_down, ids, weights, backend=backend)
     assert rel_err(out, truth) <= 1.25 * rel_err(loop, truth)
     assert rel_err(out, truth) < 1e-2
+
+
+@pytest.mark.parametrize("prologue", ["norm", "silu"])
+def test_fused_linear_in_bf16_against_fp64(gen, prologue):
+    """The prologue rounds as the unfused kernels do (so the projection's input is the same bf16 tensor);
+    the product is then at least as accurate as cuBLAS-style F.linear's, against fp64 from those inputs."""
+    m, k, n = 2, 512, 96
+    x, r = torch.randn(m, k, generator=gen).to(BF16), torch.randn(m, n, generator=gen).to(BF16)
+    w = (torch.randn(n, k, generator=gen) / 16).to(BF16)
+    nw, up = torch.randn(k, generator=gen).to(BF16), torch.randn(m, k, generator=gen).to(BF16)
+    extra = {"norm_weight": nw, "eps": 1e-5} if prologue == "norm" else {"up": up}
+    a = rms_norm(x, nw, 1e-5, impl="torch") if prologue == "norm" else silu_mul(x, up, impl="torch")
+    truth = a.double() @ w.double().T
+    out = fused_linear(x, w, **extra, residual=r, impl="triton") - r.double()
+    # The residual add rounds once more; a second projection in one ulp of |r| is the bound it adds.
+    assert rel_err(out, truth) <= 2 * rel_err(F.linear(a, w), truth) + 2**-8 * float(r.double().norm() / truth.norm())
+    assert rel_err(fused_linear(x, w, **extra, impl="triton"), truth) <= 2 * rel_err(F.linear(a, w), truth)

@@ -6,7 +6,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from athanor.kernels import HAS_TRITON, greedy, linear, sample_top_k_top_p, splitk_linear
+from athanor.kernels import (
+    HAS_TRITON,
+    fused_linear,
+    greedy,
+    linear,
+    rms_norm,
+    sample_top_k_top_p,
+    splitk_linear,
+)
 from athanor.model.sampling import sample
 
 triton_only = pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
@@ -53,3 +61,29 @@ def test_top_k_draws_only_among_the_k_best(gen):
     tokens = sample_top_k_top_p(logits, ones, ones, torch.arange(b), torch.arange(b), top_k=k)
     top = torch.topk(logits, k, dim=-1).indices
     assert bool((top == tokens[:, None]).any(-1).all())
+
+
+@triton_only
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("prologue", ["none", "norm", "silu"])
+@pytest.mark.parametrize("residual", [False, True])
+def test_fused_linear_matches_its_torch_composition(gen, m, prologue, residual):
+    k, n = 200, 70  # neither a multiple of the blocks: masked tails in K and N
+    x = torch.randn(m, k, generator=gen)
+    w, b = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
+    extra = {"norm": {"norm_weight": torch.randn(k, generator=gen), "eps": 1e-5},
+             "silu": {"up": torch.randn(m, k, generator=gen)}, "none": {}}[prologue]
+    if residual:
+        extra["residual"] = torch.randn(m, n, generator=gen)
+    out = fused_linear(x, w, b, **extra, impl="triton")
+    torch.testing.assert_close(out, fused_linear(x, w, b, **extra, impl="torch"), rtol=1e-4, atol=1e-4)
+    if prologue == "norm":  # the composition is the model's own rms_norm + F.linear
+        torch.testing.assert_close(out - (extra["residual"] if residual else 0),
+                                   F.linear(rms_norm(x, extra["norm_weight"], 1e-5, impl="torch"), w, b),
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_fused_linear_reads_strided_halves_of_a_fused_gate_up(gen):
+    gu = torch.randn(2, 2 * 96, generator=gen)
+    w = torch.randn(40, 96, generator=gen)
+    torch.testing.assert_close(fused_linear(gu[:, :96], w, up=gu[:, 96:]), F.linear(F.silu(gu[:, :96]) * gu[:, 96:], w))

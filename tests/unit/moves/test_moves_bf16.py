@@ -93,6 +93,11 @@ def test_token_major_split_k_candidate_in_bf16(tmp_path):
     assert_as_accurate_as_reference(render("fast", options), "tiny-moe", tmp_path)
 
 
+def test_fused_gemv_candidate_in_bf16(tmp_path):
+    options = {**best_options(PRESETS["tiny-dense"]), "gemv": "triton_fused"}
+    assert_as_accurate_as_reference(render("fast", options), "tiny-dense", tmp_path)
+
+
 BROKEN = {
     "kv_len_off_by_one": ("kv_lens = positions + 1", "kv_lens = positions.clamp(min=1)"),
     "rope_position_off_by_one": ("q, k = rope(q, k, self.cos, self.sin, positions,",
