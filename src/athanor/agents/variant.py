@@ -37,6 +37,9 @@ class VariantConfig:
     include_compile: bool = False
     """Search torch.compile modes too. Off on a short CPU budget: one compile of the decode step takes
     about a minute on 2 cores, which the objective charges to the candidate anyway."""
+    lossy: bool = False
+    """Search the lossy moves too (lower-precision weights): quality mode only, where the evaluator
+    admits candidates by a KL / perplexity budget."""
     template: str = "fast"
 
 
@@ -47,7 +50,7 @@ def device_search_space(config: VariantConfig) -> dict[str, tuple[Any, ...]]:
     measurements) and there are no CUDA graphs to capture.
     """
     space: dict[str, tuple[Any, ...]] = {}
-    for name, values in search_space(config.moe).items():
+    for name, values in search_space(config.moe, lossy=config.lossy).items():
         if config.device == "cpu":
             values = tuple(v for v in values if not str(v).startswith("triton"))
             if name in ("graphs", "gemv"):

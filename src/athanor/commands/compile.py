@@ -33,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a candidate directory to beat (e.g. what a server deploys): every candidate is timed "
                         "against it, the reference forward competes too (default: time against the reference)")
     p.add_argument("--bitwise", action="store_true", help="demand outputs identical to the reference")
+    p.add_argument("--quality-budget", default="", metavar="kl=NUMBER,ppl=NUMBER",
+                   help="quality mode: also search lossy moves (bf16 weights) and admit candidates within this "
+                        "mean KL divergence and relative perplexity increase, e.g. kl=0.01,ppl=0.02")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-seqs", type=int, default=0, help="engine slots (0: device default)")
     p.add_argument("--max-seq-len", type=int, default=0, help="longest context held (0: device default)")
@@ -54,6 +57,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     from athanor.agents.config import AgentsConfig, CLIAgentConfig, LLMConfig
     from athanor.agents.registry import parse_agent_names
+    from athanor.commands.evaluate import parse_budget
     from athanor.loop import CompileConfig, compile_session
     from athanor.model.device import resolve_device
 
@@ -69,6 +73,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         agents=tuple(parse_agent_names(args.agents)), device=device.type, dtype=args.dtype, out_dir=Path(args.out),
         resume=args.resume, bitwise=args.bitwise, seed=args.seed, max_seqs=args.max_seqs,
         max_seq_len=args.max_seq_len, incumbent=Path(args.incumbent) if args.incumbent is not None else None,
+        quality=parse_budget(args.quality_budget),
         agents_config=AgentsConfig(llm=dataclasses.replace(LLMConfig(), **llm),
                                    cli=dataclasses.replace(CLIAgentConfig(), **cli)),
     )
@@ -91,8 +96,13 @@ def _print_summary(console, summary: dict) -> None:
     if summary["verified"]:
         s = summary["speedup"]
         against = f"incumbent {s['incumbent_id']}" if s.get("against") == "incumbent" else "the reference"
+        precision = summary.get("precision") or {}
+        quality = ""
+        if precision.get("mode") == "quality":
+            q = precision["quality_budget"]
+            quality = f", quality mode: budget kl={q['max_kl']:g},ppl={q['max_ppl_increase']:g}"
         console.print(f"verified winner {summary['winner_id']}: x{s['median']:.3f} over {against} "
-                      f"(95% CI [{s['ci_low']:.3f}, {s['ci_high']:.3f}], whole model) -> "
+                      f"(95% CI [{s['ci_low']:.3f}, {s['ci_high']:.3f}], whole model{quality}) -> "
                       f"{summary.get('out_dir', '')}winner/", markup=False)
     else:
         console.print(f"no verified winner: {summary.get('reason', '')}", markup=False)

@@ -39,21 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def parse_budget(text: str) -> QualityBudget | None:
+    """The `--quality-budget` flag's budget; None when the flag is empty (quality mode off)."""
     from athanor.evaluate import QualityBudget
 
-    if not text:
-        return None
-    values: dict[str, float] = {}
-    for part in text.split(","):
-        key, _, value = part.partition("=")
-        if key.strip() not in ("kl", "ppl"):
-            raise ConfigError(f"--quality-budget: unknown key {key.strip()!r}; use kl=NUMBER,ppl=NUMBER")
-        try:
-            values[key.strip()] = float(value)
-        except ValueError:
-            raise ConfigError(f"--quality-budget: {part!r} is not KEY=NUMBER") from None
-    default = QualityBudget()
-    return QualityBudget(values.get("kl", default.max_kl), values.get("ppl", default.max_ppl_increase))
+    return QualityBudget.parse(text) if text else None
 
 
 def torch_device_type(device: str) -> str:
@@ -84,11 +73,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         incumbent = Candidate.from_file(args.incumbent)
     # The same sizing as `athanor compile` on this device, so a winner's verdict reproduces.
     sized = CompileConfig(model=args.model, traffic=args.traffic, device=torch_device_type(args.device),
-                          dtype=args.dtype, bitwise=args.bitwise, max_seqs=args.max_seqs,
-                          max_seq_len=args.max_seq_len, fast_layers=args.fast_layers,
+                          dtype=args.dtype, bitwise=args.bitwise, quality=parse_budget(args.quality_budget),
+                          max_seqs=args.max_seqs, max_seq_len=args.max_seq_len, fast_layers=args.fast_layers,
                           ).evaluate_config("slow" if args.tier == "slow" else "fast")
-    config = dataclasses.replace(sized, device=args.device, tier=args.tier, quality=parse_budget(args.quality_budget),
-                                 margin=args.margin, seed=args.seed, decode_pairs=args.pairs or sized.decode_pairs)
+    config = dataclasses.replace(sized, device=args.device, tier=args.tier, margin=args.margin, seed=args.seed,
+                                 decode_pairs=args.pairs or sized.decode_pairs)
     verdict = evaluate_candidate(Candidate.from_file(path), config, incumbent)
     print(render(verdict.to_dict()))
     if args.json:

@@ -313,12 +313,15 @@ class Evaluator:
         inc_total, share = obj.price(self.workload(), spec, inc_full, full, eb)
         cand_total, _ = obj.price(self.workload(), spec, cand_full, full, eb)
         paired = {s: is_paired(a, c) for s, (a, _, c) in times.items()}  # the incumbent's runs alone decide
+        # A lossy candidate may read narrower weights than the model's (bf16 copies of fp32, int8): in
+        # quality mode the floor assumes one byte per element, or an honest one would look impossible.
+        fb = 1 if self.config.quality is not None else eb
         measurements = []
         for s, (a, b, c) in times.items():
             if s.kind == "decode":
-                floor_bytes = obj.decode_bytes(spec, n, s.batch_size, s.context_len, eb)
+                floor_bytes = obj.decode_bytes(spec, n, s.batch_size, s.context_len, fb)
             else:
-                floor_bytes = obj.head_bytes(spec, eb) + n * obj.layer_weight_bytes(spec, eb)
+                floor_bytes = obj.head_bytes(spec, fb) + n * obj.layer_weight_bytes(spec, fb)
             m = Measurement(
                 s.kind, s.batch_size, s.tokens, s.context_len, n, step_time(b), step_time(a),
                 speedup_interval(a, b, paired[s]), share[s] / max(inc_total, 1e-12),

@@ -22,12 +22,14 @@ candidate cannot be lossy-but-close when checked and something else when timed.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from athanor.engine.protocol import TrajectoryReply
+from athanor.errors import ConfigError
 
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float32: (1e-3, 1e-3),
@@ -46,6 +48,27 @@ class QualityBudget:
 
     max_kl: float = 0.01
     max_ppl_increase: float = 0.02
+
+    @classmethod
+    def parse(cls, text: str) -> QualityBudget:
+        """The budget `--quality-budget` names: `kl=NUMBER,ppl=NUMBER` (either may be left out for its
+        default); ConfigError naming the flag otherwise."""
+        values: dict[str, float] = {}
+        for part in text.split(","):
+            key, _, value = (s.strip() for s in part.partition("="))
+            if key not in ("kl", "ppl"):
+                raise ConfigError(f"--quality-budget {text}: unknown key {key!r}; use kl=NUMBER,ppl=NUMBER")
+            try:
+                values[key] = float(value)
+            except ValueError:
+                raise ConfigError(f"--quality-budget {text}: {part!r} is not KEY=NUMBER") from None
+            if not 0 <= values[key] < math.inf:
+                raise ConfigError(f"--quality-budget {text}: {key} must be a finite number >= 0")
+        return cls(values.get("kl", cls.max_kl), values.get("ppl", cls.max_ppl_increase))
+
+    def __str__(self) -> str:
+        """The budget as `--quality-budget` takes it."""
+        return f"kl={self.max_kl:g},ppl={self.max_ppl_increase:g}"
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from athanor.agents.config import AgentsConfig
-from athanor.evaluate import EvaluateConfig
+from athanor.errors import ConfigError
+from athanor.evaluate import EvaluateConfig, QualityBudget
 from athanor.model.registry import load_spec
 
 
@@ -23,6 +25,10 @@ class CompileConfig:
     out_dir: Path = Path("runs/latest")
     resume: bool = False
     bitwise: bool = False
+    """Demand logits identical to the reference's (excludes `quality`)."""
+    quality: QualityBudget | None = None
+    """Quality mode: admit lossy candidates (and search lossy moves) within this KL / perplexity budget
+    instead of the dtype's tolerance. None: candidates match the reference within that tolerance."""
     seed: int = 0
     max_seqs: int = 0
     """Engine slots (largest timed decode batch); 0: the device's default."""
@@ -39,9 +45,21 @@ class CompileConfig:
     first contender, and a winner must be faster than it. None: everything is quoted against the reference."""
     agents_config: AgentsConfig = field(default_factory=AgentsConfig)
 
+    def __post_init__(self) -> None:
+        if self.bitwise and self.quality is not None:
+            raise ConfigError("--bitwise and --quality-budget exclude each other: --bitwise demands the reference's "
+                              "exact outputs, a quality budget admits lossy ones; pass one of them")
+
     @property
     def on_cpu(self) -> bool:
         return self.device == "cpu"
+
+    @property
+    def precision(self) -> dict[str, Any]:
+        """How candidates are judged, as the run's store and report record it: `mode` "default",
+        "bitwise" or "quality", and `quality_budget` (max_kl, max_ppl_increase) in quality mode."""
+        mode = "quality" if self.quality is not None else "bitwise" if self.bitwise else "default"
+        return {"mode": mode, "quality_budget": asdict(self.quality) if self.quality is not None else None}
 
     def evaluate_config(self, tier: str) -> EvaluateConfig:
         """The evaluator of one tier. On a 2-core CPU the slow tier (the whole model) is timed on fewer
@@ -50,7 +68,7 @@ class CompileConfig:
         base = EvaluateConfig(
             model=self.model, device=self.device, dtype=self.dtype, tier=tier,
             fast_layers=self.fast_layers or max(2, load_spec(self.model).num_layers // 5),
-            traffic=self.traffic, bitwise=self.bitwise,
+            traffic=self.traffic, bitwise=self.bitwise, quality=self.quality,
             max_seqs=self.max_seqs or (16 if self.on_cpu else 64),
             max_seq_len=self.max_seq_len or (1024 if self.on_cpu else 4096),
             seed=None,

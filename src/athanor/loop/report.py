@@ -5,6 +5,9 @@
 one), so `athanor serve --candidate DIR` can run it and `athanor evaluate DIR/candidate.py` can check
 it again. With an incumbent, `report.json` has an `incumbent` entry (id, directory) and its speedup
 says `"against": "incumbent"` with the incumbent's id; without one, `"against": "reference"`.
+`precision` records how candidates were judged (`CompileConfig.precision`); in quality mode it
+holds the budget and the winner's measured KL divergence and perplexity change, so a reader sees
+that the speedup was bought with a bounded loss of fidelity.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ def write_report(session: Session, elapsed_s: float, interrupted: bool) -> dict[
         "candidates_evaluated": {"per_agent": dict(per_agent), "per_tier": dict(per_tier)},
         "leaderboard": [dataclasses.asdict(e) for e in session.store.leaderboard(session.run_id, 10)],
         "environment": environment(cfg.device),
+        "precision": cfg.precision,
     }
     against = "the reference"
     if session.incumbent is not None:
@@ -92,12 +96,15 @@ def write_report(session: Session, elapsed_s: float, interrupted: bool) -> dict[
             "shapes": _shapes(verdict), "lineage": _lineage(session, winner_id),
             "winner": {"id": winner_id, "author": cand.manifest.author, "description": cand.manifest.description},
         })
+        if cfg.quality is not None and verdict.tiers:
+            summary["precision"].update(winner_kl=_finite(verdict.tiers[-1].kl),
+                                        winner_ppl_change=_finite(verdict.tiers[-1].ppl_change))
         fast = session.fast_verdicts.get(winner_id)
         winner_dir.mkdir(parents=True, exist_ok=True)
         (winner_dir / "candidate.py").write_text(cand.source)
         (winner_dir / "manifest.json").write_text(json.dumps(dataclasses.asdict(cand.manifest), indent=2) + "\n")
         record = {"slow": verdict.to_dict(), "fast": fast.to_dict() if fast else None, "traffic": cfg.traffic,
-                  "model": cfg.model, "environment": summary["environment"]}
+                  "model": cfg.model, "environment": summary["environment"], "precision": summary["precision"]}
         if "incumbent" in summary:
             record["incumbent"] = summary["incumbent"]
         (winner_dir / "verification.json").write_text(json.dumps(record, indent=2) + "\n")
@@ -116,11 +123,24 @@ def render_markdown(summary: dict[str, Any]) -> str:
         against = f"incumbent `{i['id']}`"
         lines += [f"Every speedup below is quoted against the **incumbent `{i['id']}`** ({i['author']}: "
                   f"{i['description']}; `{i['dir']}`), not the reference forward, which competed as a candidate.", ""]
+    precision = summary.get("precision") or {}
+    if precision.get("mode") == "quality":
+        q = precision["quality_budget"]
+        lines += [f"**Quality mode**: lossy candidates (such as lower-precision weights) were admitted within a mean "
+                  f"KL divergence of {q['max_kl']:g} and a perplexity increase of {100 * q['max_ppl_increase']:g}% "
+                  "against the reference: a speedup below is what that budget buys (with the winner's own loss "
+                  "beside it), not a lossless one.", ""]
+    elif precision.get("mode") == "bitwise":
+        lines += ["Bitwise mode: every admitted candidate's outputs are identical to the reference's.", ""]
     if summary["verified"]:
         s, w = summary["speedup"], summary["winner"]
         lines += [f"**Winner `{w['id']}`** ({w['author']}: {w['description']}): **x{s['median']:.3f}** over the "
                   f"{against}, 95% CI [{s['ci_low']:.3f}, {s['ci_high']:.3f}], confirmed on the slow tier (whole "
                   "model).", ""]
+        if precision.get("winner_kl") is not None or precision.get("winner_ppl_change") is not None:
+            kl, ppl = precision.get("winner_kl"), precision.get("winner_ppl_change")
+            lines += [f"Its loss on the slow tier: KL {'-' if kl is None else f'{kl:.3g}'}, perplexity "
+                      f"{'-' if ppl is None else f'{100 * ppl:+.2f}%'}.", ""]
         g, t = summary["gpu_s_per_1k_requests"], summary["projected_output_tokens_per_s"]
         lines += ["| | baseline | winner |", "|---|---|---|",
                   f"| device-seconds per 1,000 requests | {g['baseline']:.1f} | {g['winner']:.1f} |",

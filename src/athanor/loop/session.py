@@ -27,7 +27,7 @@ from athanor.agents.registry import make_agents, register_agent
 from athanor.agents.variant import VariantConfig, VariantSearch
 from athanor.engine.candidate import Candidate, baseline_candidate
 from athanor.errors import ConfigError
-from athanor.evaluate import Evaluator, Verdict
+from athanor.evaluate import Evaluator, QualityBudget, Verdict
 from athanor.loop.config import CompileConfig
 from athanor.loop.report import write_report
 from athanor.serve.candidates import load_candidate_dir
@@ -68,7 +68,8 @@ class Session:
         self.spec = load_spec(config.model)
         register_agent("variant", _variant_factory(config))
         variant = VariantConfig(device="cpu" if config.on_cpu else "cuda", moe=self.spec.moe is not None,
-                                seed=config.seed, include_compile=config.budget_s >= 600)
+                                seed=config.seed, include_compile=config.budget_s >= 600,
+                                lossy=config.quality is not None)
         agents_config = dataclasses.replace(config.agents_config, variant=variant)
         make_agents(list(config.agents), agents_config)  # raises on an unknown agent or a missing key
         self.incumbent: Candidate | None = _load_incumbent(config.incumbent) if config.incumbent is not None else None
@@ -99,13 +100,20 @@ class Session:
                 against = f"incumbent {was['id']} ({was['dir']})" if was else "the reference"
                 raise ConfigError(f"--incumbent: run {runs[0].id} in {cfg.out_dir} was timed against {against}; "
                                   "resume it with the same --incumbent or choose another --out")
+            was_precision = runs[0].config.get("precision")  # absent in runs from before it was recorded
+            if was_precision is not None and was_precision != cfg.precision:
+                was_flags = precision_flags(was_precision)
+                raise ConfigError(f"--resume: run {runs[0].id} in {cfg.out_dir} was compiled with {was_flags}, not "
+                                  f"{precision_flags(cfg.precision)}; resume it with {was_flags} or choose another "
+                                  "--out")
             run = self.store.resume_run(runs[0].id)
             self.emit(f"resuming run {run.id} ({len(self.store.evaluations(run.id))} evaluations so far)")
         else:
             if runs:
                 raise ConfigError(f"--out {cfg.out_dir}: already holds run {runs[0].id}; pass --resume to continue "
                                   "it or choose another --out")
-            config = {"budget_s": cfg.budget_s, "agents": list(cfg.agents), "seed": cfg.seed}
+            config = {"budget_s": cfg.budget_s, "agents": list(cfg.agents), "seed": cfg.seed,
+                      "precision": cfg.precision}
             if incumbent:
                 config["incumbent"] = incumbent
             run = self.store.add_run(cfg.model, cfg.traffic, cfg.device, config=config)
@@ -148,6 +156,7 @@ class Session:
         try:
             self.emit(f"run {self.run_id}: {cfg.model} on {cfg.device}, traffic {cfg.traffic}, "
                       f"budget {cfg.budget_s:.0f} s, agents {', '.join(a.name for a in self.agents)}"
+                      + (f", quality mode ({precision_flags(cfg.precision)})" if cfg.quality is not None else "")
                       + (f", against incumbent {self.baseline.id} ({cfg.incumbent})" if self.incumbent else ""))
             self._search(fast, deadline - cfg.reserve_s)
             self._confirm(slow, deadline)
@@ -260,11 +269,22 @@ def _line(tier: str, author: str, description: str, v: Verdict) -> str:
         "" if v.accepted else f": {v.reason[:100]}")
 
 
+def precision_flags(precision: dict[str, Any]) -> str:
+    """The flags that select a run's precision mode (a `CompileConfig.precision` record)."""
+    if precision.get("mode") == "quality":
+        return f"--quality-budget {QualityBudget(**precision['quality_budget'])}"
+    return "--bitwise" if precision.get("mode") == "bitwise" else "neither --bitwise nor --quality-budget"
+
+
 def _model_summary(spec: Any, config: CompileConfig) -> str:
     kind = f"MoE {spec.moe.num_experts}x top-{spec.moe.top_k}" if spec.moe else "dense"
+    quality = config.quality
     return (f"{spec.name}: {kind}, {spec.num_layers} layers, hidden {spec.hidden_size}, heads {spec.num_heads}/"
             f"{spec.num_kv_heads} (q/kv), head_dim {spec.head_dim}, vocab {spec.vocab_size}; "
-            f"device {config.device}, dtype {config.dtype or 'as stored'}")
+            f"device {config.device}, dtype {config.dtype or 'as stored'}"
+            + (f"; quality mode: lossy candidates (e.g. lower-precision weights) are admitted within a mean KL "
+               f"divergence of {quality.max_kl:g} and a perplexity increase of {100 * quality.max_ppl_increase:g}%"
+               if quality is not None else ""))
 
 
 def compile_session(config: CompileConfig, on_event: Events = log.info) -> CompileReport:

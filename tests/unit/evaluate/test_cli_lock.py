@@ -35,6 +35,8 @@ def test_cli_user_mistakes_are_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     src.write_text(c.HONEST.source)
     assert main(["evaluate", str(src), "--model", "tiny-dense", "--quality-budget", "kld=1"]) == 2
     assert "--quality-budget" in capsys.readouterr().err
+    assert main(["evaluate", str(src), "--model", "tiny-dense", "--bitwise", "--quality-budget", "kl=0.01"]) == 2
+    assert "--bitwise and --quality-budget" in capsys.readouterr().err
 
 
 def _hold(path_env: str, seconds: float) -> None:

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from athanor.cli import main
 from athanor.errors import ConfigError
+from athanor.evaluate import QualityBudget
 from athanor.loop import CompileConfig, compile_session
 from athanor.store import open_store
 
@@ -101,3 +103,37 @@ def test_cli_errors_are_one_line(tmp_path: Path) -> None:
         assert done.returncode == 2 and "Traceback" not in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 and needle in done.stderr
     assert not out.exists()  # a bad configuration writes nothing
+
+
+def test_cli_quality_budget_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    for args, needles in ((["--bitwise", "--quality-budget", "kl=0.01,ppl=0.02"], ["--bitwise", "--quality-budget"]),
+                          (["--quality-budget", "kl=lots"], ["--quality-budget kl=lots"]),
+                          (["--quality-budget", "kl=0.01,top1=0.9"], ["unknown key 'top1'"]),
+                          (["--quality-budget", "ppl=-0.5"], ["ppl must be"])):
+        assert main(["compile", "--model", "tiny-dense", "--out", str(out), *args]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and all(n in err for n in needles), err
+    assert not out.exists()
+
+
+def test_quality_mode_is_recorded_and_kept_on_resume(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    budget = QualityBudget(max_kl=0.01, max_ppl_increase=0.02)
+    config = _config(out, quality=budget)
+    assert config.evaluate_config("fast").quality == config.evaluate_config("slow").quality == budget
+
+    def interrupt_at_start(line: str) -> None:
+        if line.startswith("run "):  # the first event: the run is stored, nothing evaluated yet
+            assert "quality mode (--quality-budget kl=0.01,ppl=0.02)" in line
+            raise KeyboardInterrupt
+
+    assert compile_session(config, on_event=interrupt_at_start).interrupted
+    report = json.loads((out / "report.json").read_text())
+    assert report["precision"] == {"mode": "quality", "quality_budget": {"max_kl": 0.01, "max_ppl_increase": 0.02}}
+    assert "**Quality mode**" in (out / "report.md").read_text()
+    with pytest.raises(ConfigError, match="--quality-budget kl=0.01,ppl=0.02"):  # a resume may not change the mode
+        compile_session(_config(out, resume=True))
+    with pytest.raises(ConfigError, match="--quality-budget kl=0.01,ppl=0.02"):
+        compile_session(_config(out, resume=True, quality=QualityBudget(max_kl=0.1)))
+    assert compile_session(_config(out, resume=True, quality=budget), on_event=interrupt_at_start).interrupted

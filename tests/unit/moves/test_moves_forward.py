@@ -100,11 +100,12 @@ def test_fused_gemv_layer_with_separate_or_fused_weights(fused, tmp_path, gen):
     check(render("fast", options), "tiny-dense", tmp_path, gen)
 
 
-@pytest.mark.parametrize("preset", ["tiny-dense", "tiny-moe"])
-def test_bf16_linear_weights_are_close_to_the_reference_but_lossy(preset, tmp_path, gen):
+@pytest.mark.parametrize(("preset", "options"), [("tiny-dense", {}),
+                                               ("tiny-qwen", {"fused_qkv": True, "fused_gate_up": True})])
+def test_bf16_linear_weights_are_close_to_the_reference_but_lossy(preset, options, tmp_path, gen):
     model = random_model(PRESETS[preset], seed=int(torch.randint(0, 1000, (1,), generator=gen)))
     seed = int(torch.randint(0, 2**31, (1,), generator=gen))
-    candidate = load_candidate(render("fast", {"linear_dtype": "bfloat16"}), tmp_path)
+    candidate = load_candidate(render("fast", {**options, "linear_dtype": "bfloat16"}), tmp_path)
     with torch.no_grad():
         got = run(candidate.build, model, torch.Generator().manual_seed(seed))
         expected = run(build_reference, model, torch.Generator().manual_seed(seed))
@@ -115,6 +116,20 @@ def test_bf16_linear_weights_are_close_to_the_reference_but_lossy(preset, tmp_pa
         assert float((a - b).abs().max()) > 1e-3
         p, q = torch.log_softmax(b.double(), -1), torch.log_softmax(a.double(), -1)
         assert float((p.exp() * (p - q)).sum(-1).mean()) < 1e-3
+
+
+def test_bf16_linear_weights_leave_routing_in_the_model_dtype(tmp_path, gen):
+    # A routing flip moves a MoE model's logits by far more than rounding, so no closeness bound here:
+    # which weights are converted, and that the step runs.
+    model = random_model(PRESETS["tiny-moe"], seed=int(torch.randint(0, 1000, (1,), generator=gen)))
+    candidate = load_candidate(render("fast", {"linear_dtype": "bfloat16"}), tmp_path)
+    fwd = candidate.build(model, BuildContext(torch.device("cpu"), torch.float32, max_seqs=4, max_seq_len=64))
+    layer = fwd.layers[0]
+    assert {w.dtype for w in (fwd.lm_head, layer.wq, layer.wo, layer.w_gate, layer.w_down)} == {torch.bfloat16}
+    assert {w.dtype for w in (layer.router, layer.experts_down, *layer.experts_gate_up)} == {torch.float32}
+    with torch.no_grad():
+        logits = run(candidate.build, model, gen)
+    assert all(x.dtype == torch.float32 and bool(torch.isfinite(x).all()) for x in logits)
 
 
 def test_bf16_linear_weights_change_nothing_for_a_bf16_model(tmp_path, gen):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from athanor.agents.variant import VariantConfig, device_search_space
 from athanor.errors import ConfigError
 from athanor.model.presets import PRESETS
 from athanor.moves import (
@@ -46,8 +47,19 @@ def test_unknown_template_is_a_config_error():
 
 def test_every_move_is_documented_and_in_the_search_space():
     assert all(len(m.doc) > 40 and len(m.values) >= 2 for m in MOVES)
-    assert set(search_space(moe=True)) == {m.name for m in MOVES}
+    assert set(search_space(moe=True, lossy=True)) == {m.name for m in MOVES}
     assert "moe" not in search_space(moe=False)
+
+
+def test_lossy_moves_are_searched_in_quality_mode_only():
+    lossy = {m.name for m in MOVES if m.lossy}
+    assert "linear_dtype" in lossy and baseline_options()["linear_dtype"] is None
+    for moe in (False, True):
+        assert not lossy & set(search_space(moe))
+        assert lossy <= set(search_space(moe, lossy=True))
+    for device in ("cpu", "cuda"):
+        assert "linear_dtype" not in device_search_space(VariantConfig(device=device))
+        assert device_search_space(VariantConfig(device=device, lossy=True))["linear_dtype"] == (None, "bfloat16")
 
 
 def test_best_known_candidates_differ_for_dense_and_moe():

@@ -2,9 +2,10 @@
 
 This is a candidate file (see DESIGN.md, "The candidate seam"): `build(model, ctx)` returns a
 `Forward`. It computes what `athanor.model.reference` computes, with the choices in `OPTIONS`
-below: fused weights, Triton kernels from `athanor.kernels`, a KV-cache layout, torch.compile and
-CUDA-graph safety. `athanor.moves.render` rewrites only the OPTIONS block; everything else is
-ordinary code an agent may edit. Each option is documented by its `Move` in `athanor.moves`.
+below: fused weights, Triton kernels from `athanor.kernels`, a KV-cache layout, torch.compile,
+CUDA-graph safety, and (quality mode only) linear layers on lower-precision weight copies.
+`athanor.moves.render` rewrites only the OPTIONS block; everything else is ordinary code an agent
+may edit. Each option is documented by its `Move` in `athanor.moves`.
 
 KV cache: per layer, k and v indexed as [max_seqs + 1, num_kv_heads, max_seq_len, head_dim]
 (for kv_layout "token_major" that is a permuted view of [slots, max_seq_len, heads, D] storage).
@@ -47,6 +48,7 @@ OPTIONS: dict[str, Any] = {
     "routing": "torch",
     "compile": None,
     "graphs": True,
+    "linear_dtype": None,
 }
 # --- end OPTIONS ---
 
@@ -57,20 +59,28 @@ def impl(option: str) -> Literal["torch"] | None:
     return None if str(OPTIONS[option]).startswith("triton") else "torch"
 
 
+def linear_weight(w: Tensor) -> Tensor:
+    """A weight as `_linear` reads it: a copy in OPTIONS["linear_dtype"] when that is set (the model's
+    own tensor when it is unset or the model is in that dtype already)."""
+    dtype = OPTIONS["linear_dtype"]
+    return w if dtype is None else w.to(getattr(torch, dtype))
+
+
 class Layer:
     """One layer's weights, transformed once in build() (fused copies are this candidate's memory)."""
 
     def __init__(self, model: Model, i: int) -> None:
         spec, get = model.spec, (lambda name: model.layer(i, name))
-        self.attn_norm, self.mlp_norm, self.wo = get("attn_norm"), get("mlp_norm"), get("wo")
+        self.attn_norm, self.mlp_norm, self.wo = get("attn_norm"), get("mlp_norm"), linear_weight(get("wo"))
         self.q_norm = get("q_norm") if spec.qk_norm else None
         self.k_norm = get("k_norm") if spec.qk_norm else None
         if OPTIONS["fused_qkv"]:
-            self.wqkv = torch.cat([get("wq"), get("wk"), get("wv")])  # [(Hq + 2 Hkv) D, H]
-            self.bqkv = torch.cat([get("bq"), get("bk"), get("bv")]) if spec.attn_bias else None
+            self.wqkv = linear_weight(torch.cat([get("wq"), get("wk"), get("wv")]))  # [(Hq + 2 Hkv) D, H]
+            bqkv = torch.cat([get("bq"), get("bk"), get("bv")]) if spec.attn_bias else None
+            self.bqkv = linear_weight(bqkv) if bqkv is not None else None
         else:
-            self.wq, self.wk, self.wv = get("wq"), get("wk"), get("wv")
-            biases = (get("bq"), get("bk"), get("bv")) if spec.attn_bias else (None, None, None)
+            self.wq, self.wk, self.wv = (linear_weight(get(name)) for name in ("wq", "wk", "wv"))
+            biases = [linear_weight(get(name)) if spec.attn_bias else None for name in ("bq", "bk", "bv")]
             self.bq: Tensor | None = biases[0]
             self.bk: Tensor | None = biases[1]
             self.bv: Tensor | None = biases[2]
@@ -78,11 +88,12 @@ class Layer:
         prefix = "" if spec.moe is None else "shared."
         self.has_mlp = spec.moe is None or bool(spec.moe.shared_intermediate_size)
         if self.has_mlp:
-            self.w_down = get(prefix + "w_down")
+            self.w_down = linear_weight(get(prefix + "w_down"))
             if OPTIONS["fused_gate_up"]:
-                self.w_gate_up = torch.cat([get(prefix + "w_gate"), get(prefix + "w_up")])  # [2I, H]
+                gate_up = torch.cat([get(prefix + "w_gate"), get(prefix + "w_up")])  # [2I, H]
+                self.w_gate_up = linear_weight(gate_up)
             else:
-                self.w_gate, self.w_up = get(prefix + "w_gate"), get(prefix + "w_up")
+                self.w_gate, self.w_up = (linear_weight(get(prefix + name)) for name in ("w_gate", "w_up"))
         if spec.moe is not None:
             self.router = get("router")
             self.router_bias = model.weights.get(f"layers.{i}.router_bias")
@@ -106,6 +117,7 @@ class FastForward:
                            and (spec.moe is None or OPTIONS["moe"] != "loop"))
         self.layers = [Layer(model, i) for i in range(spec.num_layers)]
         self.embed, self.norm, self.lm_head = model.get("embed"), model.get("norm"), model.get("lm_head")
+        self.lm_head = linear_weight(self.lm_head)
         positions = torch.arange(ctx.max_seq_len, dtype=torch.float32)
         freqs = torch.outer(positions, rope_inv_freq(spec))
         emb = torch.cat((freqs, freqs), dim=-1)  # [max_seq_len, D]
@@ -128,6 +140,8 @@ class FastForward:
 
     # -- pieces -----------------------------------------------------------------------------
     def _linear(self, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+        if w.dtype != x.dtype:  # linear_dtype: compute in the weight's dtype, hand back the model's
+            return self._linear(x.to(w.dtype), w, b).to(x.dtype)
         return linear(x, w, b, gemv=str(OPTIONS["gemv"]))
 
     def _norm(self, x: Tensor, residual: Tensor | None, w: Tensor) -> tuple[Tensor, Tensor]:
