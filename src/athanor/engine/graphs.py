@@ -83,6 +83,8 @@ class DecodeRunner:
         self._graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, Tensor, Tensor]] = {}
         """(rows, greedy) -> (graph, its output tokens, its output logits)."""
         self._pool: Any = None  # the graphs' shared memory pool handle
+        self._last: tuple[int, int, bool] | None = None
+        """(rows, bucket, greedy) of the last graph replayed (what `step_again` continues)."""
 
     @property
     def captured(self) -> bool:
@@ -145,6 +147,7 @@ class DecodeRunner:
         for name in StepInputs.__dataclass_fields__:
             getattr(self._in, name)[:num_rows].copy_(getattr(x, name), non_blocking=True)
         self._pad_from(num_rows)
+        self._last = (num_rows, self.buckets[i], greedy)
         return self._graphs[(self.buckets[i], greedy)]
 
     def step(self, x: StepInputs, greedy: bool = False) -> tuple[Tensor, Tensor, bool]:
@@ -154,6 +157,7 @@ class DecodeRunner:
         replays the bucket's argmax graph instead of the sampling one."""
         staged = self.stage(x, greedy)
         if staged is None:
+            self._last = None
             tokens, logits = self.eager(x, greedy)
             return tokens, logits, False
         graph, out_tokens, out_logits = staged
@@ -161,8 +165,25 @@ class DecodeRunner:
         num_rows = int(x.tokens.shape[0])
         return out_tokens[:num_rows].clone(), out_logits[:num_rows].clone(), True
 
+    def step_again(self) -> tuple[Tensor, Tensor] | None:
+        """The next decode step of the rows the last replayed graph ran, queued with no host round trip:
+        each row is fed the token that step produced (still on the device) one position further on.
+        (next tokens, logits) as `step`; None when no graph ran last. The caller vouches that every row
+        goes on decoding (a row that finished instead just wastes its share of the step)."""
+        if self._last is None:
+            return None
+        rows, bucket, greedy = self._last
+        graph, out_tokens, out_logits = self._graphs[(bucket, greedy)]
+        b = self._in
+        b.tokens[:rows].copy_(out_tokens[:rows])
+        b.positions[:rows] += 1
+        b.seq_lens[:rows] += 1
+        graph.replay()
+        return out_tokens[:rows].clone(), out_logits[:rows].clone()
+
     def release(self) -> None:
         """Drop the graphs (and with them their memory pool) and the candidate's forward."""
         self._graphs.clear()
         self._pool = None
+        self._last = None
         self.forward = None  # type: ignore[assignment]

@@ -28,6 +28,18 @@ from athanor.serve.scheduler import Chunk, Scheduler, StepPlan
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class Launched:
+    """A decode step queued on the device: its rows, and where its tokens land on the host."""
+
+    candidate_id: str
+    rows: list[tuple[str, int]]
+    """(request id, position fed) per row: what a later plan must ask for to use this step."""
+    host: Tensor
+    """Pinned [max_seqs] buffer the tokens are copied into, valid once `done` has fired."""
+    done: torch.cuda.Event
+
+
 @dataclass(frozen=True)
 class StepFailure:
     """A candidate raised while running its part of a step (its rows did not advance)."""
@@ -52,6 +64,9 @@ class Executor:
         self.scheduler = scheduler
         self.device = engine.device
         self.vocab_size = engine.model.spec.vocab_size
+        self._ahead: Launched | None = None
+        """The decode step queued before the host saw the tokens of the one before (see `run`)."""
+        self._pinned: list[Tensor] = []
 
     def _long(self, values: list[int]) -> Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
@@ -64,6 +79,30 @@ class Executor:
              while_running: Callable[[], None] | None = None) -> tuple[Tensor, Tensor, float]:
         """(sampled next tokens [B], logits [B, vocab], seconds) of `chunks` on `resident`;
         `while_running` is called once the step is queued on the device, before waiting for it."""
+        x = self._inputs(chunks, twin, decode)
+        t = time.perf_counter()
+        with self.engine._armed():
+            if decode:
+                out, logits, _ = resident.runner.step(x, greedy=all(c.seq.request.temperature <= 0 for c in chunks))
+            else:
+                flat = [t for c in chunks for t in c.seq.tokens[c.start:c.end]]
+                cu = [0]
+                for c in chunks:
+                    cu.append(cu[-1] + c.end - c.start)
+                positions = self._long([p for c in chunks for p in range(c.start, c.end)])
+                batch = PrefillBatch(self._long(flat), self._long(cu), positions, x.slots, x.seq_lens)
+                logits = check_logits(resident.forward.prefill(batch), len(chunks), self.vocab_size, "prefill()")
+                last = self._long([c.end - 1 for c in chunks])
+                out = sample(logits, x.temperature, x.top_p, x.seeds, last)
+        if while_running is not None:
+            while_running()  # host work (the previous step's report) overlaps this step's device work
+        with self.engine._armed():
+            self._sync()
+        return out, logits, time.perf_counter() - t
+
+    def _inputs(self, chunks: list[Chunk], twin: bool, decode: bool) -> StepInputs:
+        """The rows' slots, seeds, starts, sampling settings and (decode) fed tokens on the device; a
+        prefill's `tokens` and `positions` are left as the starts (it packs its own)."""
         req = [c.seq.request for c in chunks]
         # One host-to-device copy per dtype, not one per field: each blocking copy from pageable
         # memory costs the step loop ~10 us of host time, and a batch-1 decode step is ~1-3 ms.
@@ -73,37 +112,37 @@ class Executor:
             int_rows.append([c.seq.tokens[c.start] for c in chunks])  # the token each row feeds
         ints = self._rows(int_rows, torch.long)
         floats = self._rows([[r.temperature for r in req], [r.top_p for r in req]], torch.float32)
-        slots, seeds, starts, temperature, top_p = ints[0], ints[1], ints[2], floats[0], floats[1]
-        t = time.perf_counter()
-        with self.engine._armed():
-            if decode:
-                out, logits, _ = resident.runner.step(
-                    StepInputs(ints[3], starts, slots, starts, temperature, top_p, seeds),
-                    greedy=all(r.temperature <= 0 for r in req))
-            else:
-                flat = [t for c in chunks for t in c.seq.tokens[c.start:c.end]]
-                cu = [0]
-                for c in chunks:
-                    cu.append(cu[-1] + c.end - c.start)
-                positions = self._long([p for c in chunks for p in range(c.start, c.end)])
-                batch = PrefillBatch(self._long(flat), self._long(cu), positions, slots, starts)
-                logits = check_logits(resident.forward.prefill(batch), len(chunks), self.vocab_size, "prefill()")
-                last = self._long([c.end - 1 for c in chunks])
-                out = sample(logits, temperature, top_p, seeds, last)
-        if while_running is not None:
-            while_running()  # host work (the previous step's report) overlaps this step's device work
-        with self.engine._armed():
-            self._sync()
-        return out, logits, time.perf_counter() - t
+        starts = ints[2]
+        return StepInputs(ints[3] if decode else starts, starts, ints[0], starts, floats[0], floats[1], ints[1])
 
     def _rows(self, rows: list[list[int]] | list[list[float]], dtype: torch.dtype) -> Tensor:
         """Equal-length host lists as one [len(rows), B] tensor on the device (one copy)."""
         return torch.tensor(rows, dtype=dtype).to(self.device, non_blocking=True)
 
     def run(self, plan: StepPlan, canary: Canary | None,
-            while_running: Callable[[], None] | None = None) -> list[StepFailure]:
+            while_running: Callable[[], None] | None = None, chain: bool = False) -> list[StepFailure]:
         """Run every candidate's part of the step, then the shadow runs; advance the sequences that ran.
-        `while_running` is called once, while the device runs the first part."""
+        `while_running` is called once, while the device runs the first part.
+
+        `chain` (the caller vouches that no request waits and no canary runs): a step of decode rows
+        only, on one candidate with captured graphs, also queues the step after it before waiting for
+        its tokens, fed on the device (`DecodeRunner.step_again`), so the host's work between two
+        steps (the tokens, the bookkeeping, the report) overlaps the device's instead of idling it.
+        The next `run` uses that step if its plan asks for exactly those rows at those positions;
+        otherwise it is dropped (its cache writes are rewritten, or belong to a freed slot)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and not self._continues(ahead, plan):
+            ahead.done.synchronize()  # dropped: let it finish before anything can free what it uses
+            ahead = None
+        if (chain or ahead is not None) and not plan.prefill and len(plan.decode) == 1:
+            (cid, chunks), = plan.decode.items()
+            resident = self.engine.residents.get(cid)
+            if resident is not None and resident.runner.captured:
+                try:
+                    return self._run_chained(resident, cid, chunks, ahead, while_running, queue_next=chain)
+                except Exception as e:
+                    exit_if_device_broken(e)
+                    return [StepFailure(cid, f"candidate {cid}: {format_exception(e, 6)}")]
         failures: list[StepFailure] = []
         for decode, parts in ((True, plan.decode), (False, plan.prefill)):
             for cid, chunks in parts.items():
@@ -126,6 +165,58 @@ class Executor:
                 for chunk, token in zip(chunks, tokens.tolist()):
                     self.scheduler.complete(chunk, int(token))
         return failures
+
+    def settle(self) -> None:
+        """Wait for a step queued ahead (before a candidate it may run on can be dropped)."""
+        if self._ahead is not None:
+            self._ahead.done.synchronize()
+            self._ahead = None
+
+    @staticmethod
+    def _rows_of(chunks: list[Chunk]) -> list[tuple[str, int]]:
+        return [(c.seq.request_id, c.start) for c in chunks]
+
+    def _continues(self, ahead: Launched, plan: StepPlan) -> bool:
+        """Whether `plan` is exactly the step queued ahead: its rows only, at the positions it fed."""
+        return (not plan.prefill and list(plan.decode) == [ahead.candidate_id]
+                and self._rows_of(plan.decode[ahead.candidate_id]) == ahead.rows)
+
+    def _run_chained(self, resident: Resident, cid: str, chunks: list[Chunk], ahead: Launched | None,
+                     while_running: Callable[[], None] | None, queue_next: bool) -> list[StepFailure]:
+        # `ahead` is the step queued by the last run, already running (`run` dropped it unless it fits).
+        current = ahead if ahead is not None else self._launch(resident, cid, chunks)
+        # Queue the step after this one unless a row is sure to stop here (its token limit).
+        if queue_next and all(c.seq.num_generated + 1 < c.seq.request.max_tokens for c in chunks):
+            with self.engine._armed():
+                again = resident.runner.step_again()
+            if again is not None:
+                self._ahead = self._record(cid, [(r, p + 1) for r, p in current.rows], again[0])
+        if while_running is not None:
+            while_running()
+        with self.engine._armed():
+            current.done.synchronize()
+        for chunk, token in zip(chunks, current.host[:len(chunks)].tolist()):
+            self.scheduler.complete(chunk, int(token))
+        return []
+
+    def _launch(self, resident: Resident, cid: str, chunks: list[Chunk]) -> Launched:
+        x = self._inputs(chunks, twin=False, decode=True)
+        with self.engine._armed():
+            tokens, _, _ = resident.runner.step(x, greedy=all(c.seq.request.temperature <= 0 for c in chunks))
+        return self._record(cid, self._rows_of(chunks), tokens)
+
+    def _record(self, cid: str, rows: list[tuple[str, int]], tokens: Tensor) -> Launched:
+        """Copy a queued step's tokens to a pinned host buffer behind it and mark when they are there
+        (two buffers, alternating: the step in hand and the one queued after it)."""
+        if not self._pinned:
+            self._pinned = [torch.empty(self.engine.config.max_seqs, dtype=torch.long, pin_memory=True)
+                            for _ in range(2)]
+        self._pinned.reverse()
+        host = self._pinned[0]
+        host[:tokens.shape[0]].copy_(tokens, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return Launched(cid, rows, host, done)
 
     def _shadow(self, canary: Canary, chunks: list[Chunk], decode: bool, logits: Tensor,
                 seconds: float) -> StepFailure | None:

@@ -264,5 +264,10 @@ class Scheduler:
         return f"probe-{next(self._probe_ids)}"
 
     @property
+    def can_admit(self) -> bool:
+        """Whether a waiting sequence may take a slot at the next step (one is waiting, one is free)."""
+        return bool(self.waiting) and any(pool.num_free for pool in self.pools.values())
+
+    @property
     def is_idle(self) -> bool:
         return not self.waiting and not self.running

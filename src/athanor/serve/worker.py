@@ -139,6 +139,7 @@ class ServingLoop:
         canary.phase = "building"
         self.canary = canary
         self._report_deploy()
+        self.executor.settle()
         reply = self.engine.swap(p.SwapRequest(candidate, keep_incumbent=True))
         self.engine.activate(p.ActivateRequest(self.incumbent))  # the incumbent serves until the canary passes
         if reply.status != "ok":
@@ -171,6 +172,7 @@ class ServingLoop:
         if self.retiring is None or self.scheduler.sequences_on(self.retiring):
             return
         if self.retiring in self.engine.residents:
+            self.executor.settle()
             self.engine.drop(p.DropRequest(self.retiring))
         self.scheduler.remove_candidate(self.retiring)
         self.retiring = None
@@ -208,8 +210,11 @@ class ServingLoop:
         if plan:
             # Not during a canary: its step times compare the incumbent with the challenger, and the
             # report's host time would count against the incumbent alone.
+            # Chained steps (the next queued before this one's tokens are read) only when nothing else
+            # could join the next step: no canary, no waiting request that a free slot could take.
             in_canary = self.canary is not None and not self.canary.finished
-            failures = self.executor.run(plan, self.canary, while_running=None if in_canary else self._flush_report)
+            failures = self.executor.run(plan, self.canary, while_running=None if in_canary else self._flush_report,
+                                         chain=not in_canary and not self.scheduler.can_admit)
             for failure in failures:
                 self._failed(failure, plan)
         self._flush_report()  # when the step ran nothing (or failed before the device ran it)
