@@ -92,14 +92,29 @@ def fused_linear(x: Tensor, w: Tensor, bias: Tensor | None = None, *, norm_weigh
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y
+    # fp32 partials of split-K configs: [SPLIT_K, strips, BLOCK_M, BLOCK_N] fits in max split x M x N rounded up.
+    workspace = torch.empty(8 * next_pow2(m) * (n + 64), dtype=torch.float32, device=x.device)
     args = (x, up if up is not None else x, w, bias if bias is not None else w,
             norm_weight if norm_weight is not None else w, residual if residual is not None else y, y,
+            workspace, _tickets(x.device),
             m, n, k, eps, x.stride(0), up.stride(0) if up is not None else 0, w.stride(0),
             residual.stride(0) if residual is not None else 0, y.stride(0))
     flags = {"NORM": norm_weight is not None, "SILU": up is not None, "BIAS": bias is not None,
              "RESIDUAL": residual is not None, "BLOCK_M": next_pow2(m)}
     if interpreting():
-        fused_gemv_kernel[(cdiv(n, 16),)](*args, **flags, BLOCK_N=16, BLOCK_K=64)
+        split = 3 if k >= 192 else 1  # the split-K path too, in the tests' small shapes
+        fused_gemv_kernel[(cdiv(n, 16), split)](*args, **flags, BLOCK_N=16, BLOCK_K=64, SPLIT_K=split)
     else:
-        fused_gemv_tuned[lambda meta: (cdiv(n, meta["BLOCK_N"]),)](*args, **flags)
+        fused_gemv_tuned[lambda meta: (cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](*args, **flags)
     return y
+
+
+_TICKETS: dict[torch.device, Tensor] = {}
+
+
+def _tickets(device: torch.device) -> Tensor:
+    """Per-strip counters of split-K programs, zero between launches (each launch resets those it used).
+    One array per device: kernels of one stream never overlap, and strips never exceed its size."""
+    if device not in _TICKETS:
+        _TICKETS[device] = torch.zeros(1 << 16, dtype=torch.int32, device=device)
+    return _TICKETS[device]

@@ -2,8 +2,10 @@
 
 These are hand-picked starting points for the search, not measured optima: every choice below is
 a kernel or fusion that removes work or launches at decode batch sizes on a Hopper-class GPU.
-`gemv` stays on cuBLAS until `athanor bench decode` shows split-K winning on the device at hand;
-MoE keeps gate and up unfused because fusing copies two thirds of the model's weights.
+`gemv` is the fused-GEMV layer (norms, SiLU-mul and residual adds inside the projections; batch 1
+on dense models, cuBLAS elsewhere): on the H200 it took batch-1 decode from 1.129 to 1.030 ms
+(llama-3.2-1b) and 4.591 to 4.474 ms (llama-3.1-8b). MoE keeps gate and up unfused because fusing
+copies two thirds of the model's weights.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ BEST_CUDA: dict[str, Any] = {
     "rope": "triton_fused_cache",
     "attention": "triton_split_kv",
     "kv_layout": "head_major",
-    "gemv": "cublas",
+    "gemv": "triton_fused",
     "silu_mul": "triton",
     "moe": "triton",
     "routing": "triton",

@@ -60,9 +60,14 @@ MOVES: tuple[Move, ...] = (
          "KV cache storage: [slots, heads, seq, D] (the reference's; each head's keys contiguous, best for "
          "split-KV reads) or [slots, seq, heads, D] (a token's heads contiguous: cheaper cache writes, "
          "strided reads)."),
-    Move("gemv", ("cublas", "triton_splitk"), "cublas",
+    Move("gemv", ("cublas", "triton_splitk", "triton_fused"), "cublas",
          "Linear layers with <= 16 rows through a Triton split-K skinny GEMM instead of cuBLAS. Helps where "
-         "cuBLAS' GEMV leaves SMs idle (narrow outputs, batch 1-8); measure per device and shape."),
+         "cuBLAS' GEMV leaves SMs idle (narrow outputs, batch 1-8); measure per device and shape. "
+         "'triton_fused' (dense decode, <= 8 rows): a Triton GEMV that also does the work around each "
+         "projection: the RMSNorms in the QKV and gate/up projections' prologue, SiLU-mul in the down "
+         "projection's, the residual adds in the O and down projections' epilogue: 7 kernels per layer "
+         "instead of ~12. Helps at batch 1-4, where each small kernel costs more in launch and tail than "
+         "its bytes; the weight read must still match cuBLAS."),
     Move("silu_mul", ("torch", "triton"), "torch",
          "SiLU(gate) * up in one Triton kernel reading the halves of a fused gate|up output in place "
          "(torch needs two kernels and, for a fused output, strided copies)."),

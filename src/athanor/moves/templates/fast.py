@@ -23,11 +23,13 @@ from athanor.kernels import (
     add_rms_norm,
     decode_attention,
     decode_attention_per_seq,
+    fused_linear,
     linear,
     moe_experts,
     rms_norm,
     rope,
     rope_and_cache,
+    use_triton,
 )
 from athanor.kernels import route as route_kernel
 from athanor.kernels import silu_mul as silu_mul_kernel
@@ -51,6 +53,12 @@ OPTIONS: dict[str, Any] = {
     "linear_dtype": None,
 }
 # --- end OPTIONS ---
+
+FUSED_ROWS = 1
+"""Most decode rows that take the fused-GEMV layer (gemv="triton_fused"); more go through cuBLAS. Measured
+on an H200: at 1 row the fused GEMVs beat cuBLAS + the separate norm/SiLU kernels on every projection of
+llama-3.2-1b and llama-3.1-8b; at 4 rows they were 1.1-2.7x slower (each row is one more pass of the
+weight tile through the FMA units)."""
 
 
 def impl(option: str) -> Literal["torch"] | None:
@@ -150,16 +158,23 @@ class FastForward:
             return rms_norm(x, w, self.eps, impl=impl("rmsnorm")), x
         return add_rms_norm(x, residual, w, self.eps, impl=impl("rmsnorm"))
 
-    def _qkv(self, layer: Layer, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q [N, Hq, D], k and v [N, Hkv, D] (q/k-normed, not yet rotated) for hidden states h [N, H]."""
+    def _project(self, h: Tensor, w: Tensor, b: Tensor | None, norm: Tensor | None) -> Tensor:
+        """h @ w.T (+ b); with `norm`, h is the residual stream and is RMS-normed inside the GEMV."""
+        if norm is None:
+            return self._linear(h, w, b)
+        return fused_linear(h, w, b, norm_weight=norm, eps=self.eps)
+
+    def _qkv(self, layer: Layer, h: Tensor, norm: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """q [N, Hq, D], k and v [N, Hkv, D] (q/k-normed, not yet rotated) for hidden states h [N, H]
+        (with `norm`: for rms_norm(h, norm), computed inside the projections)."""
         s, n = self.spec, h.shape[0]
         if OPTIONS["fused_qkv"]:
-            qkv = self._linear(h, layer.wqkv, layer.bqkv)
+            qkv = self._project(h, layer.wqkv, layer.bqkv, norm)
             q_dim, kv_dim = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
             q, k, v = qkv[:, :q_dim], qkv[:, q_dim:q_dim + kv_dim], qkv[:, q_dim + kv_dim:]
         else:
-            q, k, v = (self._linear(h, layer.wq, layer.bq), self._linear(h, layer.wk, layer.bk),
-                       self._linear(h, layer.wv, layer.bv))
+            q, k, v = (self._project(h, layer.wq, layer.bq, norm), self._project(h, layer.wk, layer.bk, norm),
+                       self._project(h, layer.wv, layer.bv, norm))
         q = q.view(n, s.num_heads, s.head_dim)
         k = k.view(n, s.num_kv_heads, s.head_dim)
         v = v.view(n, s.num_kv_heads, s.head_dim)
@@ -233,32 +248,56 @@ class FastForward:
         last = batch.cu_seqlens[1:] - 1
         return self._logits(x[last], residual[last])
 
+    def _attend(self, i: int, q: Tensor, k: Tensor, v: Tensor, positions: Tensor, slots: Tensor) -> Tensor:
+        """Rotate q and k, write k and v into layer i's cache, attend: [B, Hq, D]."""
+        kv_lens = positions + 1  # the new token is written before attention reads
+        kc, vc = self.k_cache[i], self.v_cache[i]
+        if OPTIONS["rope"] == "triton_fused_cache":
+            q = rope_and_cache(q, k, v, self.cos, self.sin, positions, slots, kc, vc)
+        else:
+            q, k = rope(q, k, self.cos, self.sin, positions, impl=impl("rope"))
+            kc[slots, :, positions] = k
+            vc[slots, :, positions] = v
+        if OPTIONS["attention"] == "torch_per_seq":
+            return decode_attention_per_seq(q, kc, vc, slots, kv_lens)
+        static = bool(OPTIONS["graphs"]) or OPTIONS["compile"] is not None
+        return decode_attention(q.contiguous(), kc, vc, slots, kv_lens, static=static, impl=impl("attention"))
+
     def decode_layers(self, tokens: Tensor, positions: Tensor, slots: Tensor) -> Tensor:
         """Logits [B, vocab] of one decode step; a pure function of its inputs and the caches (compilable)."""
-        kv_lens = positions + 1  # the new token is written before attention reads
-        static = bool(OPTIONS["graphs"]) or OPTIONS["compile"] is not None
+        if (OPTIONS["gemv"] == "triton_fused" and self.spec.moe is None and tokens.shape[0] <= FUSED_ROWS
+                and use_triton(tokens)):
+            return self._decode_fused(tokens, positions, slots)
         x: Tensor = F.embedding(tokens, self.embed)  # [B, H]
         residual: Tensor | None = None
         for i, layer in enumerate(self.layers):
             h, residual = self._norm(x, residual, layer.attn_norm)
             q, k, v = self._qkv(layer, h)
-            kc, vc = self.k_cache[i], self.v_cache[i]
-            if OPTIONS["rope"] == "triton_fused_cache":
-                q = rope_and_cache(q, k, v, self.cos, self.sin, positions, slots, kc, vc)
-            else:
-                q, k = rope(q, k, self.cos, self.sin, positions, impl=impl("rope"))
-                kc[slots, :, positions] = k
-                vc[slots, :, positions] = v
-            if OPTIONS["attention"] == "torch_per_seq":
-                attn = decode_attention_per_seq(q, kc, vc, slots, kv_lens)
-            else:
-                attn = decode_attention(q.contiguous(), kc, vc, slots, kv_lens, static=static,
-                                        impl=impl("attention"))
+            attn = self._attend(i, q, k, v, positions, slots)
             x = self._linear(attn.flatten(1), layer.wo)
             h, residual = self._norm(x, residual, layer.mlp_norm)
             x = self._mlp(i, layer, h)
         assert residual is not None
         return self._logits(x, residual)
+
+    def _decode_fused(self, tokens: Tensor, positions: Tensor, slots: Tensor) -> Tensor:
+        """decode_layers for a dense model with the norms, SiLU-mul and residual adds folded into the
+        projections (`fused_linear`): per layer QKV, RoPE (+ cache), attention, O, gate/up and down only.
+        h is the residual stream: the reference's x after each `x = x + ...`."""
+        h: Tensor = F.embedding(tokens, self.embed)  # [B, H]
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, h, norm=layer.attn_norm)
+            attn = self._attend(i, q, k, v, positions, slots)
+            h = fused_linear(attn.flatten(1), layer.wo, residual=h)
+            if OPTIONS["fused_gate_up"]:
+                gate_up = fused_linear(h, layer.w_gate_up, norm_weight=layer.mlp_norm, eps=self.eps)
+                width = gate_up.shape[1] // 2
+                gate, up = gate_up[:, :width], gate_up[:, width:]
+            else:
+                gate = fused_linear(h, layer.w_gate, norm_weight=layer.mlp_norm, eps=self.eps)
+                up = fused_linear(h, layer.w_up, norm_weight=layer.mlp_norm, eps=self.eps)
+            h = fused_linear(gate, layer.w_down, up=up, residual=h)
+        return self._linear(rms_norm(h, self.norm, self.eps, impl=impl("rmsnorm")), self.lm_head)
 
     def decode(self, batch: DecodeBatch) -> Tensor:
         return self._decode_layers(batch.tokens, batch.positions, batch.slots)
