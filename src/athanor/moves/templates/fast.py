@@ -248,9 +248,9 @@ class FastForward:
         last = batch.cu_seqlens[1:] - 1
         return self._logits(x[last], residual[last])
 
-    def _attend(self, i: int, q: Tensor, k: Tensor, v: Tensor, positions: Tensor, slots: Tensor) -> Tensor:
-        """Rotate q and k, write k and v into layer i's cache, attend: [B, Hq, D]."""
-        kv_lens = positions + 1  # the new token is written before attention reads
+    def _attend(self, i: int, q: Tensor, k: Tensor, v: Tensor, positions: Tensor, slots: Tensor,
+                kv_lens: Tensor) -> Tensor:
+        """Rotate q and k, write k and v into layer i's cache, attend over kv_lens keys: [B, Hq, D]."""
         kc, vc = self.k_cache[i], self.v_cache[i]
         if OPTIONS["rope"] == "triton_fused_cache":
             q = rope_and_cache(q, k, v, self.cos, self.sin, positions, slots, kc, vc)
@@ -268,12 +268,13 @@ class FastForward:
         if (OPTIONS["gemv"] == "triton_fused" and self.spec.moe is None and tokens.shape[0] <= FUSED_ROWS
                 and use_triton(tokens)):
             return self._decode_fused(tokens, positions, slots)
+        kv_lens = positions + 1  # the new token is written before attention reads (once per step, not per layer)
         x: Tensor = F.embedding(tokens, self.embed)  # [B, H]
         residual: Tensor | None = None
         for i, layer in enumerate(self.layers):
             h, residual = self._norm(x, residual, layer.attn_norm)
             q, k, v = self._qkv(layer, h)
-            attn = self._attend(i, q, k, v, positions, slots)
+            attn = self._attend(i, q, k, v, positions, slots, kv_lens)
             x = self._linear(attn.flatten(1), layer.wo)
             h, residual = self._norm(x, residual, layer.mlp_norm)
             x = self._mlp(i, layer, h)
@@ -284,10 +285,11 @@ class FastForward:
         """decode_layers for a dense model with the norms, SiLU-mul and residual adds folded into the
         projections (`fused_linear`): per layer QKV, RoPE (+ cache), attention, O, gate/up and down only.
         h is the residual stream: the reference's x after each `x = x + ...`."""
+        kv_lens = positions + 1
         h: Tensor = F.embedding(tokens, self.embed)  # [B, H]
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, h, norm=layer.attn_norm)
-            attn = self._attend(i, q, k, v, positions, slots)
+            attn = self._attend(i, q, k, v, positions, slots, kv_lens)
             h = fused_linear(attn.flatten(1), layer.wo, residual=h)
             if OPTIONS["fused_gate_up"]:
                 gate_up = fused_linear(h, layer.w_gate_up, norm_weight=layer.mlp_norm, eps=self.eps)
