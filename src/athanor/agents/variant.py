@@ -81,8 +81,9 @@ class VariantSearch:
         self.study = optuna.create_study(direction="maximize", sampler=sampler)
         self._pending: dict[str, optuna.trial.Trial] = {}
         self._seen: set[str] = set()
-        # Start from what is known to be good, then let TPE explore.
-        self.study.enqueue_trial(self._restrict({**baseline_options(), **best_options_for(self.config)}))
+        # Start from what is known to be good (in quality mode, its lossy form first), then let TPE explore.
+        for lossy in sorted({self.config.lossy, False}, reverse=True):
+            self.study.enqueue_trial(self._restrict({**baseline_options(), **best_options_for(self.config, lossy)}))
 
     def _restrict(self, options: dict[str, Any]) -> dict[str, Any]:
         return {n: v for n, v in options.items() if n in self.space and v in self.space[n]}
@@ -145,12 +146,12 @@ class VariantSearch:
             self._seen.add(ev.candidate_id)
 
 
-def best_options_for(config: VariantConfig) -> dict[str, Any]:
-    """The hand-picked best options for this device (the first trial)."""
+def best_options_for(config: VariantConfig, lossy: bool = False) -> dict[str, Any]:
+    """The hand-picked best options for this device (the first trial), with the lossy moves' if asked."""
     from athanor.model.presets import get_preset
 
     spec = get_preset("tiny-moe" if config.moe else "tiny-dense")
-    return best_options(spec, config.device)
+    return best_options(spec, config.device, lossy=lossy)
 
 
 def describe(params: dict[str, Any]) -> str:

@@ -39,11 +39,15 @@ BEST_CPU: dict[str, Any] = {
 }
 
 
-def best_options(spec: ModelSpec, device: str = "cuda") -> dict[str, Any]:
-    """The best-known options for a model on a device type ("cuda" or "cpu")."""
+def best_options(spec: ModelSpec, device: str = "cuda", lossy: bool = False) -> dict[str, Any]:
+    """The best-known options for a model on a device type ("cuda" or "cpu"); with `lossy` (quality
+    mode), lower-precision linear layers too: bf16 GEMMs are 2-3.5x faster than fp32 on a CPU with
+    avx512_bf16, and read half the bytes anywhere (a no-op for a model already in bf16)."""
     options = dict(BEST_CUDA if device.startswith("cuda") else BEST_CPU)
     if spec.moe is not None:
         options["fused_gate_up"] = False
+    if lossy:
+        options["linear_dtype"] = "bfloat16"
     return options
 
 

@@ -67,3 +67,16 @@ def test_best_known_candidates_differ_for_dense_and_moe():
     assert best_options(dense)["fused_gate_up"] and not best_options(moe)["fused_gate_up"]
     assert read_options(best_candidate(moe))["moe"] == "triton"
     assert read_options(best_candidate(dense, "cpu"))["attention"] == "torch_per_seq"  # no gather copy on CPU
+
+
+def test_quality_mode_proposes_the_lossy_best_known_first_then_the_exact_one():
+    from athanor.agents.base import AgentContext
+    from athanor.agents.variant import VariantSearch
+    from athanor.moves import read_options
+
+    context = AgentContext("run", "ref", "", num_proposals=2)
+    lossy = [read_options(p.source) for p in VariantSearch(VariantConfig(lossy=True)).propose(context)]
+    assert [o["linear_dtype"] for o in lossy] == ["bfloat16", None]
+    assert {**lossy[0], "linear_dtype": None} == lossy[1]
+    exact = VariantSearch(VariantConfig()).propose(AgentContext("run", "ref", "", num_proposals=1))
+    assert read_options(exact[0].source) == lossy[1]
