@@ -197,8 +197,9 @@ def test_route_rope_and_greedy_bf16(dev):
     assert torch.equal(greedy(big, impl="triton"), big.argmax(-1))
 
 
+@pytest.mark.parametrize("fused_rows", [1, 3])
 @pytest.mark.parametrize("preset", ["llama-3.2-1b", "qwen3-30b-a3b"])
-def test_best_candidate_matches_reference_in_bf16(dev, preset, tmp_path):
+def test_best_candidate_matches_reference_in_bf16(dev, preset, fused_rows, tmp_path):
     """Two layers of the real shapes: the best-known render in bf16 is as accurate as the bf16 reference.
 
     Both are judged against the reference in fp32 on the same (bf16-rounded) weights: per row, the
@@ -219,8 +220,9 @@ def test_best_candidate_matches_reference_in_bf16(dev, preset, tmp_path):
 
     model = random_model(PRESETS[preset].with_layers(2), device=dev, dtype=torch.bfloat16)
     path = tmp_path / "best.py"
-    path.write_text(best_candidate(model.spec))
-    spec = importlib.util.spec_from_file_location("best_candidate_gpu", path)
+    # fused_rows 3: the 3 decode rows below take the fused-GEMV layer (the template's FUSED_ROWS, 1 by default)
+    path.write_text(best_candidate(model.spec).replace("FUSED_ROWS = 1\n", f"FUSED_ROWS = {fused_rows}\n"))
+    spec = importlib.util.spec_from_file_location(f"best_candidate_gpu_{fused_rows}", path)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     outs, routes = [], []

@@ -16,6 +16,7 @@ from athanor.kernels.dispatch import HAS_TRITON, use_triton
 from athanor.kernels.gemv import fused_linear, linear, splitk_linear
 from athanor.kernels.moe import (
     ExpertGroups,
+    expert_gemv,
     group_by_expert,
     grouped_mm,
     has_grouped_mm,
@@ -33,6 +34,7 @@ __all__ = [
     "add_rms_norm",
     "decode_attention",
     "decode_attention_per_seq",
+    "expert_gemv",
     "fused_linear",
     "greedy",
     "group_by_expert",

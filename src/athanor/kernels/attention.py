@@ -13,7 +13,7 @@ import functools
 import torch
 from torch import Tensor
 
-from athanor.kernels.dispatch import Impl, cdiv, next_pow2, use_triton
+from athanor.kernels.dispatch import Impl, cdiv, next_pow2, pdl, use_triton
 
 BLOCK_N = 64
 """Keys per tile of the Triton kernel."""
@@ -88,12 +88,12 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
         d**-0.5,
-        GROUP=group, NUM_SPLITS=splits, HEAD_DIM=d, BLOCK_G=max(16, next_pow2(group)), BLOCK_N=BLOCK_N,
+        GROUP=group, NUM_SPLITS=splits, HEAD_DIM=d, BLOCK_G=max(16, next_pow2(group)), BLOCK_N=BLOCK_N, **pdl(q),
     )
     decode_attention_merge_kernel[(b, hq)](
         o_part, lse_part, out,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
         out.stride(0), out.stride(1),
-        NUM_SPLITS=splits, BLOCK_S=next_pow2(splits), HEAD_DIM=d,
+        NUM_SPLITS=splits, BLOCK_S=next_pow2(splits), HEAD_DIM=d, **pdl(q),
     )
     return out

@@ -7,9 +7,10 @@ interpreter runs kernels on CPU tensors; the unit tests use it in fp32).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
-from typing import Literal
+from typing import Any, Literal
 
 from torch import Tensor
 
@@ -57,6 +58,25 @@ def use_triton(t: Tensor, impl: Impl = None) -> bool:
         patch_interpreter()
         return True
     return t.is_cuda
+
+
+def pdl(t: Tensor) -> dict[str, Any]:
+    """Launch arguments for a kernel with a `PDL` flag that opens with `if PDL: gdc_wait()`.
+
+    Programmatic dependent launch (Hopper and later): the kernel's programs may start while the
+    kernel before it drains, do what needs none of its results (a GEMV issues its first weight
+    loads), then wait at `gdc_wait` for it to finish. Every decode kernel pays a launch and a ramp
+    of a microsecond or two; at batch 1 they are 150 kernels of a 1 ms step. Off on the CPU
+    interpreter (no inline PTX there), before Hopper, and with ATHANOR_PDL=0 (to measure it)."""
+    on = t.is_cuda and not interpreting() and _pdl_capable(t.device.index)
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+
+
+@functools.cache
+def _pdl_capable(index: int | None) -> bool:
+    import torch
+
+    return os.environ.get("ATHANOR_PDL", "1") != "0" and torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def next_pow2(n: int) -> int:

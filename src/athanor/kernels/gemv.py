@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from athanor.kernels.attention import _num_sms
-from athanor.kernels.dispatch import Impl, cdiv, interpreting, next_pow2, use_triton
+from athanor.kernels.dispatch import Impl, cdiv, interpreting, next_pow2, pdl, use_triton
 from athanor.kernels.norm import rms_norm_torch
 
 MAX_ROWS = 16
@@ -100,7 +100,7 @@ def fused_linear(x: Tensor, w: Tensor, bias: Tensor | None = None, *, norm_weigh
             m, n, k, eps, x.stride(0), up.stride(0) if up is not None else 0, w.stride(0),
             residual.stride(0) if residual is not None else 0, y.stride(0))
     flags = {"NORM": norm_weight is not None, "SILU": up is not None, "BIAS": bias is not None,
-             "RESIDUAL": residual is not None, "BLOCK_M": next_pow2(m)}
+             "RESIDUAL": residual is not None, "BLOCK_M": next_pow2(m), **pdl(x)}
     if interpreting():
         split = 3 if k >= 192 else 1  # the split-K path too, in the tests' small shapes
         fused_gemv_kernel[(cdiv(n, 16), split)](*args, **flags, BLOCK_N=16, BLOCK_K=64, SPLIT_K=split)

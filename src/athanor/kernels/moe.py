@@ -20,7 +20,7 @@ from torch import Tensor
 
 from athanor.errors import ConfigError
 from athanor.kernels.activation import silu_mul
-from athanor.kernels.dispatch import Impl, cdiv, next_pow2, use_triton
+from athanor.kernels.dispatch import Impl, cdiv, interpreting, next_pow2, pdl, use_triton
 
 BACKENDS = ("loop", "grouped_mm", "triton")
 
@@ -201,3 +201,65 @@ def moe_experts(x: Tensor, w_gate_up: Tensor | tuple[Tensor, Tensor], w_down: Te
     act = gate_up(lambda w: _moe_gemm(xc, w, groups, n * k, k, None))  # [N*k, I]
     y = _moe_gemm(act, w_down, groups, n * k, 1, topk_weights.flatten().contiguous())  # [N*k, H]
     return y.view(n, k, -1).sum(1)
+
+
+# -- a few tokens: no grouping -----------------------------------------------------------------------
+MAX_EXPERT_GEMV_TOKENS = 8
+"""Most tokens `expert_gemv` takes in Triton: each (token, choice) pair streams its expert's weights
+on its own, so beyond a few tokens grouping pairs by expert (`moe_experts`) reads less."""
+
+
+def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor, *, w2: Tensor | None = None, up: Tensor | None = None,
+                topk_weights: Tensor | None = None, residual: Tensor | None = None, impl: Impl = None) -> Tensor:
+    """The routed experts of a few decode tokens, with no grouping and no host sync: every (token,
+    choice) pair multiplies its input row by its expert's weight, read by id on the device.
+
+    topk_ids: [T, k] int64. x: [T, K] (each token's input, shared by its k experts) or [T*k, K] (one
+    row per pair, e.g. the gate half of the previous call's output, with `up` its up half: then the
+    input is silu(x) * up, rounded like `silu_mul`). w: [E, N, K]; w2: [E, N2, K] (its outputs follow
+    w's: gate and up in one launch). Returns [T*k, N + N2] (row t*k + j: token t's j-th expert), or
+    with topk_weights [T, k] (fp32): [T, N], sum_j topk_weights[t, j] * row (in fp32, rounded once),
+    plus `residual` [T, N] if given.
+    """
+    t, k = topk_ids.shape
+    shared = x.shape[0] == t and up is None
+    if t > MAX_EXPERT_GEMV_TOKENS or not use_triton(x, impl):
+        rows = x.repeat_interleave(k, 0) if shared else x
+        if up is not None:
+            rows = F.silu(rows) * up
+        ids = topk_ids.flatten()
+        y = torch.bmm(w[ids], rows[:, :, None])[:, :, 0]  # [T*k, N]: each pair's expert
+        if w2 is not None:
+            y = torch.cat([y, torch.bmm(w2[ids], rows[:, :, None])[:, :, 0]], dim=1)
+        if topk_weights is None:
+            return y
+        out = (y.float() * topk_weights.reshape(-1, 1)).view(t, k, -1).sum(1).to(x.dtype)
+        return out if residual is None else out + residual
+    from athanor.kernels.gemv import _tickets
+    from athanor.kernels.jit.fused_gemv import expert_gemv_kernel, expert_gemv_tuned
+
+    n, kk = w.shape[1], w.shape[2]
+    n2 = w2.shape[1] if w2 is not None else 0
+    assert w.stride(2) == 1 and x.stride(1) == 1 and (w2 is None or w2.stride(2) == 1)
+    assert up is None or up.stride() == x.stride(), "gate and up rows share a stride (halves of one output)"
+    ids = topk_ids.contiguous()
+    if topk_weights is not None:
+        y = torch.empty((t, n), dtype=x.dtype, device=x.device)
+        workspace = torch.empty(t * k * (n + 64), dtype=torch.float32, device=x.device)
+    else:
+        y = torch.empty((t * k, n + n2), dtype=x.dtype, device=x.device)
+        workspace = y
+    args = (x, up if up is not None else x, w, w2 if w2 is not None else w, ids,
+            topk_weights.contiguous() if topk_weights is not None else y, residual if residual is not None else y,
+            y, workspace, _tickets(x.device), n, n2, kk, x.stride(0), w.stride(0), w.stride(1),
+            (w2 if w2 is not None else w).stride(0), (w2 if w2 is not None else w).stride(1),
+            residual.stride(0) if residual is not None else 0, y.stride(0))
+    flags = {"SHARED": shared, "SILU": up is not None, "SUM": topk_weights is not None,
+             "RESIDUAL": residual is not None, "TOP_K": k, **pdl(x)}
+    if interpreting():
+        block = 16
+        grid = (cdiv(n, block) + cdiv(n2, block), t * k)
+        expert_gemv_kernel[grid](*args, **flags, BLOCK_N=block, BLOCK_K=32)
+    else:
+        expert_gemv_tuned[lambda meta: (cdiv(n, meta["BLOCK_N"]) + cdiv(n2, meta["BLOCK_N"]), t * k)](*args, **flags)
+    return y

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from athanor.kernels.dispatch import Impl, next_pow2, use_triton
+from athanor.kernels.dispatch import Impl, next_pow2, pdl, use_triton
 
 
 def rms_norm_torch(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -52,6 +52,6 @@ def _launch(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float) -> t
             x2, r2 if r2 is not None else x2, weight, out, r_out,
             x2.stride(0), r2.stride(0) if r2 is not None else 0, out.stride(0),
             hidden, eps,
-            HAS_RESIDUAL=residual is not None, BLOCK=next_pow2(hidden),
+            HAS_RESIDUAL=residual is not None, BLOCK=next_pow2(hidden), **pdl(x2),
         )
     return out.view(shape), (r_out.view(shape) if residual is not None else None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from athanor.kernels.dispatch import Impl, use_triton
+from athanor.kernels.dispatch import Impl, pdl, use_triton
 
 
 def _rotate_half(x: Tensor) -> Tensor:
@@ -71,5 +71,5 @@ def _launch(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, positions
             q, k, v, cos, sin, positions, slots, q_out, k_out, kc, vc,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1), *c_strides,
-            hq, HALF=d // 2, WRITE_CACHE=write,
+            hq, HALF=d // 2, WRITE_CACHE=write, **pdl(q),
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from athanor.kernels import HAS_TRITON, group_by_expert, grouped_mm, moe_experts, route
+from athanor.kernels import HAS_TRITON, expert_gemv, group_by_expert, grouped_mm, moe_experts, route
 from athanor.model import reference
 
 triton_only = pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
@@ -69,3 +69,26 @@ def test_moe_experts_backends_match_the_reference_loop(gen, backend, fused, num_
     gate_up = torch.cat([w_gate, w_up], dim=1) if fused else (w_gate, w_up)
     out = moe_experts(x, gate_up, w_down, ids, weights, backend=backend)
     torch.testing.assert_close(out, _reference_moe(x, w_gate, w_up, w_down, ids, weights), rtol=1e-4, atol=1e-5)
+
+
+@triton_only
+@pytest.mark.parametrize("tokens", [1, 2])
+def test_expert_gemv_matches_its_torch_composition(gen, tokens):
+    """Gate and up of each token's experts in one launch (ids read on the device), then the down
+    projections weighted, summed and added to the residual: Triton against the PyTorch composition."""
+    e, k, h, i = 6, 3, 80, 40
+    x = torch.randn(tokens, h, generator=gen)
+    w_gate, w_up = torch.randn(e, i, h, generator=gen), torch.randn(e, i, h, generator=gen)
+    w_down = torch.randn(e, h, i, generator=gen)
+    ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(tokens)])
+    weights, residual = torch.rand(tokens, k, generator=gen), torch.randn(tokens, h, generator=gen)
+    outs = []
+    for impl in ("triton", "torch"):
+        gate_up = expert_gemv(x, w_gate, ids, w2=w_up, impl=impl)
+        fused = expert_gemv(x, torch.cat([w_gate, w_up], 1), ids, impl=impl)  # one weight: same result
+        torch.testing.assert_close(gate_up, fused, rtol=1e-4, atol=1e-4)
+        outs.append(expert_gemv(gate_up[:, :i], w_down, ids, up=gate_up[:, i:], topk_weights=weights,
+                                residual=residual, impl=impl))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
+    loop = moe_experts(x, (w_gate, w_up), w_down, ids, weights, backend="loop")  # the reference's loop
+    torch.testing.assert_close(outs[1], loop + residual, rtol=1e-4, atol=1e-3)

@@ -99,6 +99,11 @@ def test_fused_gemv_candidate_in_bf16(tmp_path):
     assert_as_accurate_as_reference(source, "tiny-dense", tmp_path)
 
 
+def test_fused_moe_candidate_in_bf16(tmp_path):
+    source = render("fast", {**best_options(PRESETS["tiny-moe"]), "gemv": "triton_fused"})
+    assert_as_accurate_as_reference(source.replace("FUSED_ROWS = 1\n", "FUSED_ROWS = 8\n"), "tiny-moe", tmp_path)
+
+
 BROKEN = {
     "kv_len_off_by_one": ("kv_lens = positions + 1", "kv_lens = positions.clamp(min=1)"),
     "rope_position_off_by_one": ("q, k = rope(q, k, self.cos, self.sin, positions,",

@@ -147,3 +147,9 @@ def test_bf16_linear_weights_change_nothing_for_a_bf16_model(tmp_path, gen):
         got = run(lossy.build, model, torch.Generator().manual_seed(seed), torch.bfloat16)
         expected = run(baseline.build, model, torch.Generator().manual_seed(seed), torch.bfloat16)
     assert all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+def test_fused_moe_layer_at_few_rows(tmp_path, gen):
+    """The MoE model's fused decode: expert ids read on the device, no grouping (expert_gemv)."""
+    source = render("fast", {**best_options(PRESETS["tiny-moe"]), "gemv": "triton_fused"})
+    check(source.replace("FUSED_ROWS = 1\n", "FUSED_ROWS = 3\n"), "tiny-moe", tmp_path, gen)

@@ -20,8 +20,10 @@ def decode_attention_split_kernel(
     q_s0, q_s1, c_s0, c_s1, c_s2, o_s0, o_s1, o_s2, l_s0, l_s1,
     scale,
     GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:  # programmatic dependent launch: wait for the kernel that wrote q and the cache
+        tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)
     hk = tl.program_id(1)
     split = tl.program_id(2)
@@ -68,8 +70,10 @@ def decode_attention_split_kernel(
 def decode_attention_merge_kernel(
     O_PART, LSE_PART, OUT,
     o_s0, o_s1, o_s2, l_s0, l_s1, out_s0, out_s1,
-    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)

@@ -17,6 +17,10 @@ SPLIT_K > 1 (a narrow output with a long K, e.g. the down projection: too few co
 keep every SM streaming): SPLIT_K programs share a strip, each reducing one K-range into an fp32
 workspace; the last to finish (an atomic ticket per strip, acq_rel) sums the partials and runs the
 epilogue, then resets the ticket, so one launch does what split-K + a reduce kernel do.
+
+PDL (programmatic dependent launch, see `athanor.kernels.dispatch.pdl`): the program loads its
+first weight tile, which depends on no earlier kernel, before waiting for the previous kernel; and
+it lets the next kernel launch once its weight stream is done, during its epilogue.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ def fused_gemv_kernel(
     x_s0, x2_s0, w_s0, r_s0, y_s0,
     NORM: tl.constexpr, SILU: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -39,7 +44,14 @@ def fused_gemv_kernel(
     rk = tl.arange(0, BLOCK_K)
     rm = tl.arange(0, BLOCK_M)
     w_rows = W + rn[:, None].to(tl.int64) * w_s0
-    dtype = Y.dtype.element_ty
+    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_lo = tl.program_id(1) * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    # The first weight tile needs nothing from earlier kernels: in flight before the wait.
+    w_first = tl.load(w_rows + (k_lo + rk)[None, :], mask=n_mask[:, None] & ((k_lo + rk) < k_hi)[None, :],
+                      other=0.0)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
 
     rstd = tl.zeros([BLOCK_M], tl.float32)
     if NORM:
@@ -52,28 +64,14 @@ def fused_gemv_kernel(
             r = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
             rstd = tl.where(rm == m, r, rstd)
 
-    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
-    k_lo = tl.program_id(1) * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
+    acc = _tile(acc, w_first, k_lo + rk, k_hi, X, X2, NW, M, x_s0, x2_s0, rstd, rm, NORM, SILU, BLOCK_M)
+    for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
         ks = k0 + rk
-        k_mask = ks < k_hi
-        w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
-        if NORM:
-            nw = tl.load(NW + ks, mask=k_mask, other=0.0).to(tl.float32)
-        for m in tl.static_range(BLOCK_M):
-            row_mask = k_mask & (m < M)
-            x = tl.load(X + m * x_s0 + ks, mask=row_mask, other=0.0)
-            if SILU:
-                up = tl.load(X2 + m * x2_s0 + ks, mask=row_mask, other=0.0).to(tl.float32)
-                g = x.to(tl.float32)
-                x = ((g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32) * up).to(dtype)
-            if NORM:
-                r = tl.sum(tl.where(rm == m, rstd, 0.0), axis=0)
-                x = (nw * (x.to(tl.float32) * r).to(dtype).to(tl.float32)).to(dtype)
-            part = tl.sum(w * x.to(tl.float32)[None, :], axis=1)  # [BLOCK_N]
-            acc += tl.where(rm[:, None] == m, part[None, :], 0.0)
+        w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & (ks < k_hi)[None, :], other=0.0)
+        acc = _tile(acc, w, ks, k_hi, X, X2, NW, M, x_s0, x2_s0, rstd, rm, NORM, SILU, BLOCK_M)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()  # the weights are read: the next kernel may start loading its own
 
     mask = (rm[:, None] < M) & n_mask[None, :]
     if SPLIT_K > 1:
@@ -89,6 +87,30 @@ def fused_gemv_kernel(
             _epilogue(acc, B, R, Y, rm, rn, n_mask, mask, r_s0, y_s0, BIAS, RESIDUAL)
     else:
         _epilogue(acc, B, R, Y, rm, rn, n_mask, mask, r_s0, y_s0, BIAS, RESIDUAL)
+
+
+@triton.jit
+def _tile(acc, w, ks, k_hi, X, X2, NW, M, x_s0, x2_s0, rstd, rm,
+          NORM: tl.constexpr, SILU: tl.constexpr, BLOCK_M: tl.constexpr):
+    """acc[m, :] += w @ input[m, ks] for each row, the input made by the prologue (norm or SiLU-mul)."""
+    dtype = X.dtype.element_ty  # the model's: the prologue rounds as the unfused kernels do
+    w = w.to(tl.float32)
+    k_mask = ks < k_hi
+    if NORM:
+        nw = tl.load(NW + ks, mask=k_mask, other=0.0).to(tl.float32)
+    for m in tl.static_range(BLOCK_M):
+        row_mask = k_mask & (m < M)
+        x = tl.load(X + m * x_s0 + ks, mask=row_mask, other=0.0)
+        if SILU:
+            up = tl.load(X2 + m * x2_s0 + ks, mask=row_mask, other=0.0).to(tl.float32)
+            g = x.to(tl.float32)
+            x = ((g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32) * up).to(dtype)
+        if NORM:
+            r = tl.sum(tl.where(rm == m, rstd, 0.0), axis=0)
+            x = (nw * (x.to(tl.float32) * r).to(dtype).to(tl.float32)).to(dtype)
+        part = tl.sum(w * x.to(tl.float32)[None, :], axis=1)  # [BLOCK_N]
+        acc += tl.where(rm[:, None] == m, part[None, :], 0.0)
+    return acc
 
 
 @triton.jit
@@ -113,7 +135,76 @@ def _configs() -> list[triton.Config]:
             for n, k, warps, stages, split in shapes]
 
 
-fused_gemv_tuned = triton.autotune(configs=_configs(), key=["M", "N", "K", "NORM", "SILU", "RESIDUAL"])(
+fused_gemv_tuned = triton.autotune(configs=_configs(), key=["M", "N", "K", "NORM", "SILU", "RESIDUAL", "PDL"])(
     fused_gemv_kernel)
 """The kernel with BLOCK_N/BLOCK_K and warps/stages chosen per shape on the GPU (the CPU interpreter
 runs `fused_gemv_kernel` with fixed blocks instead: timing configs there measures nothing)."""
+
+
+@triton.jit
+def expert_gemv_kernel(
+    X, X2, W, W2, IDS, TOPW, R, Y, WS, TICKETS,
+    N, N2, K,
+    x_s0, w_se, w_sn, w2_se, w2_sn, r_s0, y_s0,
+    SHARED: tl.constexpr, SILU: tl.constexpr, SUM: tl.constexpr, RESIDUAL: tl.constexpr, TOP_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+):
+    """A few tokens' routed experts, their ids read on the device: grid (strips of N + N2, tokens * TOP_K).
+
+    Program (s, p) serves pair p = (token p // TOP_K, its choice p % TOP_K) and streams a strip of
+    expert IDS[p]'s weight: W's rows for the first cdiv(N, BLOCK_N) strips, W2's for the rest (gate
+    and up kept apart, in one launch). Its input row is X's row of the token (SHARED: the token's
+    normed hidden state) or of the pair, SiLU-mul'ed with X2's under SILU. Without SUM it writes row
+    p of Y [pairs, N + N2]; with SUM (the down projection) the TOP_K programs of a token's strip are
+    reduced like split-K, each partial scaled by its routing weight TOPW[p] in fp32, and the last one
+    writes the token's row of Y [tokens, N], plus the residual under RESIDUAL."""
+    if PDL:  # the ids come from the routing kernel just before: nothing can be read ahead of it
+        tl.extra.cuda.gdc_wait()
+    pid_n = tl.program_id(0)
+    pair = tl.program_id(1)
+    token = pair // TOP_K
+    strips1 = tl.cdiv(N, BLOCK_N)
+    second = pid_n >= strips1
+    col = (pid_n - strips1 * second.to(tl.int32)) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = col < tl.where(second, N2, N)
+    e = tl.load(IDS + pair).to(tl.int64)
+    w_rows = tl.where(second, W2 + e * w2_se + col[:, None].to(tl.int64) * w2_sn,
+                      W + e * w_se + col[:, None].to(tl.int64) * w_sn)
+    row = token if SHARED else pair
+    rk = tl.arange(0, BLOCK_K)
+    rm = tl.arange(0, 1)
+    rstd = tl.zeros([1], tl.float32)
+    acc = tl.zeros([1, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + rk
+        w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & (ks < K)[None, :], other=0.0)
+        acc = _tile(acc, w, ks, K, X + row * x_s0, X2 + row * x_s0, X, 1, 0, 0, rstd, rm, False, SILU, 1)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    mask = n_mask[None, :]
+    if SUM:
+        acc *= tl.load(TOPW + pair)
+        strips = tl.num_programs(0)
+        tile = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        tl.store(WS + pair * strips * BLOCK_N + tile, acc)
+        ticket = tl.atomic_add(TICKETS + token * strips + pid_n, 1)  # acq_rel, as in fused_gemv_kernel
+        if ticket == TOP_K - 1:
+            acc = tl.zeros([1, BLOCK_N], tl.float32)
+            for j in tl.static_range(TOP_K):
+                acc += tl.load(WS + (token * TOP_K + j) * strips * BLOCK_N + tile, cache_modifier=".cg")
+            tl.atomic_xchg(TICKETS + token * strips + pid_n, 0)
+            _epilogue(acc, Y, R + token * r_s0, Y + token * y_s0, rm, col, n_mask, mask, 0, 0, False, RESIDUAL)
+    else:
+        out_col = col + N * second.to(tl.int32)
+        tl.store(Y + pair * y_s0 + out_col[None, :], acc.to(Y.dtype.element_ty), mask=mask)
+
+
+def _expert_configs() -> list[triton.Config]:
+    shapes = [(8, 512, 4, 3), (16, 256, 4, 3), (16, 512, 4, 3), (32, 256, 4, 3), (32, 512, 4, 2), (64, 128, 4, 3)]
+    return [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=warps, num_stages=stages)
+            for n, k, warps, stages in shapes]
+
+
+expert_gemv_tuned = triton.autotune(configs=_expert_configs(),
+                                    key=["N", "N2", "K", "SHARED", "SILU", "SUM", "TOP_K", "PDL"])(expert_gemv_kernel)
+"""`expert_gemv_kernel` with blocks chosen per shape on the GPU."""

@@ -11,8 +11,10 @@ def rms_norm_kernel(
     X, R, W, Y, R_OUT,
     x_stride, r_stride, y_stride,
     H, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:  # programmatic dependent launch: wait for the kernel that wrote x
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < H

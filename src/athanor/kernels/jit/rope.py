@@ -11,9 +11,11 @@ def rope_kernel(
     Q, K, V, COS, SIN, POS, SLOTS, Q_OUT, K_OUT, K_CACHE, V_CACHE,
     q_s0, q_s1, k_s0, k_s1, v_s0, v_s1, qo_s0, qo_s1, ko_s0, ko_s1,
     c_s0, c_s1, c_s2,
-    NUM_Q_HEADS, HALF: tl.constexpr, WRITE_CACHE: tl.constexpr,
+    NUM_Q_HEADS, HALF: tl.constexpr, WRITE_CACHE: tl.constexpr, PDL: tl.constexpr,
 ):
     # grid: (tokens, q heads + kv heads); one program rotates one head of one token.
+    if PDL:  # launched before the projection that makes q, k, v has finished: wait for it
+        tl.extra.cuda.gdc_wait()
     n = tl.program_id(0)
     h = tl.program_id(1)
     pos = tl.load(POS + n)

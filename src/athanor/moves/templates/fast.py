@@ -23,6 +23,7 @@ from athanor.kernels import (
     add_rms_norm,
     decode_attention,
     decode_attention_per_seq,
+    expert_gemv,
     fused_linear,
     linear,
     moe_experts,
@@ -265,8 +266,8 @@ class FastForward:
 
     def decode_layers(self, tokens: Tensor, positions: Tensor, slots: Tensor) -> Tensor:
         """Logits [B, vocab] of one decode step; a pure function of its inputs and the caches (compilable)."""
-        if (OPTIONS["gemv"] == "triton_fused" and self.spec.moe is None and tokens.shape[0] <= FUSED_ROWS
-                and use_triton(tokens)):
+        if (OPTIONS["gemv"] == "triton_fused" and (self.spec.moe is None or OPTIONS["moe"] == "triton")
+                and tokens.shape[0] <= FUSED_ROWS and use_triton(tokens)):
             return self._decode_fused(tokens, positions, slots)
         kv_lens = positions + 1  # the new token is written before attention reads (once per step, not per layer)
         x: Tensor = F.embedding(tokens, self.embed)  # [B, H]
@@ -282,15 +283,19 @@ class FastForward:
         return self._logits(x, residual)
 
     def _decode_fused(self, tokens: Tensor, positions: Tensor, slots: Tensor) -> Tensor:
-        """decode_layers for a dense model with the norms, SiLU-mul and residual adds folded into the
-        projections (`fused_linear`): per layer QKV, RoPE (+ cache), attention, O, gate/up and down only.
-        h is the residual stream: the reference's x after each `x = x + ...`."""
+        """decode_layers with the norms, SiLU-mul and residual adds folded into the projections
+        (`fused_linear`): per dense layer QKV, RoPE (+ cache), attention, O, gate/up and down only; a MoE
+        layer's experts run as `_moe_fused`. h is the residual stream: the reference's x after each
+        `x = x + ...`."""
         kv_lens = positions + 1
         h: Tensor = F.embedding(tokens, self.embed)  # [B, H]
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, h, norm=layer.attn_norm)
             attn = self._attend(i, q, k, v, positions, slots, kv_lens)
             h = fused_linear(attn.flatten(1), layer.wo, residual=h)
+            if layer.moe:
+                h = self._moe_fused(i, layer, h)
+                continue
             if OPTIONS["fused_gate_up"]:
                 gate_up = fused_linear(h, layer.w_gate_up, norm_weight=layer.mlp_norm, eps=self.eps)
                 width = gate_up.shape[1] // 2
@@ -300,6 +305,27 @@ class FastForward:
                 up = fused_linear(h, layer.w_up, norm_weight=layer.mlp_norm, eps=self.eps)
             h = fused_linear(gate, layer.w_down, up=up, residual=h)
         return self._linear(rms_norm(h, self.norm, self.eps, impl=impl("rmsnorm")), self.lm_head)
+
+    def _moe_fused(self, i: int, layer: Layer, h: Tensor) -> Tensor:
+        """h + the MoE block for a few tokens: RMSNorm, router and top-k, then the chosen experts' gate and
+        up projections in one launch and their down projections, weighted, summed and added to h in
+        another (`expert_gemv`: expert ids read on the device, no grouping, no sort)."""
+        moe = self.spec.moe
+        assert moe is not None
+        x = rms_norm(h, layer.mlp_norm, self.eps, impl=impl("rmsnorm"))
+        if layer.has_mlp:  # a shared expert: the general path
+            return h + self._mlp(i, layer, x)
+        topk_ids, topk_weights = route_kernel(self._linear(x, layer.router), moe.top_k, moe.scoring, moe.renormalize,
+                                              layer.router_bias, impl=impl("routing"))
+        if self.routing_observer is not None:
+            self.routing_observer(i, topk_ids)
+        if isinstance(layer.experts_gate_up, tuple):
+            gate_up = expert_gemv(x, layer.experts_gate_up[0], topk_ids, w2=layer.experts_gate_up[1])
+        else:
+            gate_up = expert_gemv(x, layer.experts_gate_up, topk_ids)
+        width = gate_up.shape[1] // 2
+        return expert_gemv(gate_up[:, :width], layer.experts_down, topk_ids, up=gate_up[:, width:],
+                           topk_weights=topk_weights, residual=h)
 
     def decode(self, batch: DecodeBatch) -> Tensor:
         return self._decode_layers(batch.tokens, batch.positions, batch.slots)
