@@ -7,6 +7,8 @@ templates make it a choice (`gemv` option) rather than a rule.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -58,6 +60,10 @@ def linear(x: Tensor, w: Tensor, bias: Tensor | None = None, gemv: str = "cublas
     return F.linear(x, w, bias)
 
 
+PDL_EARLY = os.environ.get("ATHANOR_PDL_EARLY", "") == "1"
+"""Trigger the next kernel's launch at the start of each fused GEMV program instead of after its weight
+stream (an experiment: the next kernel's programs then wait resident while this one streams)."""
+
 MAX_FUSED_ROWS = 8
 """Most rows `fused_linear` takes in Triton: each row is one more pass over the weight tile in registers."""
 
@@ -100,7 +106,7 @@ def fused_linear(x: Tensor, w: Tensor, bias: Tensor | None = None, *, norm_weigh
             m, n, k, eps, x.stride(0), up.stride(0) if up is not None else 0, w.stride(0),
             residual.stride(0) if residual is not None else 0, y.stride(0))
     flags = {"NORM": norm_weight is not None, "SILU": up is not None, "BIAS": bias is not None,
-             "RESIDUAL": residual is not None, "BLOCK_M": next_pow2(m), **pdl(x)}
+             "RESIDUAL": residual is not None, "BLOCK_M": next_pow2(m), **pdl(x), "EARLY": PDL_EARLY}
     if interpreting():
         split = 3 if k >= 192 else 1  # the split-K path too, in the tests' small shapes
         fused_gemv_kernel[(cdiv(n, 16), split)](*args, **flags, BLOCK_N=16, BLOCK_K=64, SPLIT_K=split)

@@ -21,6 +21,7 @@ from torch import Tensor
 from athanor.errors import ConfigError
 from athanor.kernels.activation import silu_mul
 from athanor.kernels.dispatch import Impl, cdiv, interpreting, next_pow2, pdl, use_triton
+from athanor.kernels.norm import rms_norm_torch
 
 BACKENDS = ("loop", "grouped_mm", "triton")
 
@@ -210,20 +211,25 @@ on its own, so beyond a few tokens grouping pairs by expert (`moe_experts`) read
 
 
 def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor, *, w2: Tensor | None = None, up: Tensor | None = None,
-                topk_weights: Tensor | None = None, residual: Tensor | None = None, impl: Impl = None) -> Tensor:
+                norm_weight: Tensor | None = None, eps: float = 0.0, topk_weights: Tensor | None = None,
+                residual: Tensor | None = None, impl: Impl = None) -> Tensor:
     """The routed experts of a few decode tokens, with no grouping and no host sync: every (token,
     choice) pair multiplies its input row by its expert's weight, read by id on the device.
 
     topk_ids: [T, k] int64. x: [T, K] (each token's input, shared by its k experts) or [T*k, K] (one
     row per pair, e.g. the gate half of the previous call's output, with `up` its up half: then the
-    input is silu(x) * up, rounded like `silu_mul`). w: [E, N, K]; w2: [E, N2, K] (its outputs follow
+    input is silu(x) * up, rounded like `silu_mul`); with `norm_weight`, the token's input is
+    rms_norm(x, norm_weight, eps) (x is the residual stream), normed inside the kernel. w: [E, N, K]; w2: [E, N2, K] (its outputs follow
     w's: gate and up in one launch). Returns [T*k, N + N2] (row t*k + j: token t's j-th expert), or
     with topk_weights [T, k] (fp32): [T, N], sum_j topk_weights[t, j] * row (in fp32, rounded once),
     plus `residual` [T, N] if given.
     """
     t, k = topk_ids.shape
     shared = x.shape[0] == t and up is None
+    assert norm_weight is None or shared, "the norm prologue is for the token's shared input"
     if t > MAX_EXPERT_GEMV_TOKENS or not use_triton(x, impl):
+        if norm_weight is not None:
+            x = rms_norm_torch(x, norm_weight, eps)
         rows = x.repeat_interleave(k, 0) if shared else x
         if up is not None:
             rows = F.silu(rows) * up
@@ -250,11 +256,12 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor, *, w2: Tensor | None = N
         y = torch.empty((t * k, n + n2), dtype=x.dtype, device=x.device)
         workspace = y
     args = (x, up if up is not None else x, w, w2 if w2 is not None else w, ids,
-            topk_weights.contiguous() if topk_weights is not None else y, residual if residual is not None else y,
-            y, workspace, _tickets(x.device), n, n2, kk, x.stride(0), w.stride(0), w.stride(1),
+            topk_weights.contiguous() if topk_weights is not None else y,
+            norm_weight if norm_weight is not None else x, residual if residual is not None else y,
+            y, workspace, _tickets(x.device), n, n2, kk, eps, x.stride(0), w.stride(0), w.stride(1),
             (w2 if w2 is not None else w).stride(0), (w2 if w2 is not None else w).stride(1),
             residual.stride(0) if residual is not None else 0, y.stride(0))
-    flags = {"SHARED": shared, "SILU": up is not None, "SUM": topk_weights is not None,
+    flags = {"SHARED": shared, "NORM": norm_weight is not None, "SILU": up is not None, "SUM": topk_weights is not None,
              "RESIDUAL": residual is not None, "TOP_K": k, **pdl(x)}
     if interpreting():
         block = 16

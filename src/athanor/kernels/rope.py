@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from athanor.kernels.dispatch import Impl, pdl, use_triton
+from athanor.kernels.norm import rms_norm_torch
 
 
 def _rotate_half(x: Tensor) -> Tensor:
@@ -36,24 +37,29 @@ def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, impl
 
 
 def rope_and_cache(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, slots: Tensor,
-                   k_cache: Tensor, v_cache: Tensor, impl: Impl = None) -> Tensor:
+                   k_cache: Tensor, v_cache: Tensor, impl: Impl = None, q_norm: Tensor | None = None,
+                   k_norm: Tensor | None = None, eps: float = 0.0) -> Tensor:
     """Rotated q; writes rotated k and v into the caches at [slot, :, position].
 
     q: [N, Hq, D]; k, v: [N, Hkv, D]; k_cache, v_cache: [num_slots, Hkv, max_seq_len, D];
-    positions, slots: [N] int64.
+    positions, slots: [N] int64. With q_norm and k_norm ([D], Qwen3's per-head RMSNorm), q and k are
+    normed first, in the same kernel, rounded as `rms_norm` rounds.
     """
     if not use_triton(q, impl):
+        if q_norm is not None and k_norm is not None:
+            q, k = rms_norm_torch(q, q_norm, eps), rms_norm_torch(k, k_norm, eps)
         q, k = rope(q, k, cos, sin, positions, impl="torch")
         k_cache[slots, :, positions] = k
         v_cache[slots, :, positions] = v
         return q
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    _launch(q, k, v, cos, sin, positions, slots, q_out, q_out, k_cache, v_cache)
+    _launch(q, k, v, cos, sin, positions, slots, q_out, q_out, k_cache, v_cache, q_norm, k_norm, eps)
     return q_out
 
 
 def _launch(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, slots: Tensor,
-            q_out: Tensor, k_out: Tensor, k_cache: Tensor | None, v_cache: Tensor | None) -> None:
+            q_out: Tensor, k_out: Tensor, k_cache: Tensor | None, v_cache: Tensor | None,
+            q_norm: Tensor | None = None, k_norm: Tensor | None = None, eps: float = 0.0) -> None:
     from athanor.kernels.jit.rope import rope_kernel
 
     n, hq, d = q.shape
@@ -67,9 +73,11 @@ def _launch(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, positions
     if write:
         assert v_cache is not None and v_cache.stride()[:3] == kc.stride()[:3]
     if n:
+        norms = q_norm is not None and k_norm is not None
         rope_kernel[(n, hq + hkv)](
             q, k, v, cos, sin, positions, slots, q_out, k_out, kc, vc,
+            q_norm if q_norm is not None else cos, k_norm if k_norm is not None else cos, eps,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1), *c_strides,
-            hq, HALF=d // 2, WRITE_CACHE=write, **pdl(q),
+            hq, HALF=d // 2, WRITE_CACHE=write, QK_NORM=norms, **pdl(q),
         )

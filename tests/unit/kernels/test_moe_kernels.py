@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from athanor.kernels import HAS_TRITON, expert_gemv, group_by_expert, grouped_mm, moe_experts, route
+from athanor.kernels import HAS_TRITON, expert_gemv, group_by_expert, grouped_mm, moe_experts, rms_norm, route
 from athanor.model import reference
 
 triton_only = pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
@@ -92,3 +92,7 @@ def test_expert_gemv_matches_its_torch_composition(gen, tokens):
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
     loop = moe_experts(x, (w_gate, w_up), w_down, ids, weights, backend="loop")  # the reference's loop
     torch.testing.assert_close(outs[1], loop + residual, rtol=1e-4, atol=1e-3)
+    nw = torch.randn(h, generator=gen)
+    normed = [expert_gemv(x, w_gate, ids, norm_weight=nw, eps=1e-5, impl=impl) for impl in ("triton", "torch")]
+    torch.testing.assert_close(normed[0], normed[1], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(normed[1], expert_gemv(rms_norm(x, nw, 1e-5, impl="torch"), w_gate, ids, impl="torch"))

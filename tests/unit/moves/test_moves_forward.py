@@ -149,7 +149,9 @@ def test_bf16_linear_weights_change_nothing_for_a_bf16_model(tmp_path, gen):
     assert all(torch.equal(a, b) for a, b in zip(got, expected))
 
 
-def test_fused_moe_layer_at_few_rows(tmp_path, gen):
-    """The MoE model's fused decode: expert ids read on the device, no grouping (expert_gemv)."""
-    source = render("fast", {**best_options(PRESETS["tiny-moe"]), "gemv": "triton_fused"})
-    check(source.replace("FUSED_ROWS = 1\n", "FUSED_ROWS = 3\n"), "tiny-moe", tmp_path, gen)
+@pytest.mark.parametrize("preset", ["tiny-moe", "tiny-qwen"])
+def test_fused_layer_at_few_rows_moe_and_qk_norm(preset, tmp_path, gen):
+    """The fused decode of a MoE model (expert ids read on the device, no grouping: expert_gemv) and of
+    a Qwen-style one (q/k norms inside the RoPE kernel, QKV bias in the GEMV)."""
+    source = render("fast", {**best_options(PRESETS[preset]), "gemv": "triton_fused"})
+    check(source.replace("FUSED_ROWS = 1\n", "FUSED_ROWS = 3\n"), preset, tmp_path, gen)

@@ -36,8 +36,10 @@ def fused_gemv_kernel(
     x_s0, x2_s0, w_s0, r_s0, y_s0,
     NORM: tl.constexpr, SILU: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, EARLY: tl.constexpr,
 ):
+    if PDL and EARLY:  # let the next kernel's programs become resident now (an experiment: ATHANOR_PDL_EARLY=1)
+        tl.extra.cuda.gdc_launch_dependents()
     pid_n = tl.program_id(0)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
@@ -135,7 +137,7 @@ def _configs() -> list[triton.Config]:
             for n, k, warps, stages, split in shapes]
 
 
-fused_gemv_tuned = triton.autotune(configs=_configs(), key=["M", "N", "K", "NORM", "SILU", "RESIDUAL", "PDL"])(
+fused_gemv_tuned = triton.autotune(configs=_configs(), key=["M", "N", "K", "NORM", "SILU", "RESIDUAL", "PDL", "EARLY"])(
     fused_gemv_kernel)
 """The kernel with BLOCK_N/BLOCK_K and warps/stages chosen per shape on the GPU (the CPU interpreter
 runs `fused_gemv_kernel` with fixed blocks instead: timing configs there measures nothing)."""
@@ -143,10 +145,11 @@ runs `fused_gemv_kernel` with fixed blocks instead: timing configs there measure
 
 @triton.jit
 def expert_gemv_kernel(
-    X, X2, W, W2, IDS, TOPW, R, Y, WS, TICKETS,
-    N, N2, K,
+    X, X2, W, W2, IDS, TOPW, NW, R, Y, WS, TICKETS,
+    N, N2, K, eps,
     x_s0, w_se, w_sn, w2_se, w2_sn, r_s0, y_s0,
-    SHARED: tl.constexpr, SILU: tl.constexpr, SUM: tl.constexpr, RESIDUAL: tl.constexpr, TOP_K: tl.constexpr,
+    SHARED: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr, SUM: tl.constexpr, RESIDUAL: tl.constexpr,
+    TOP_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
     """A few tokens' routed experts, their ids read on the device: grid (strips of N + N2, tokens * TOP_K).
@@ -154,7 +157,7 @@ def expert_gemv_kernel(
     Program (s, p) serves pair p = (token p // TOP_K, its choice p % TOP_K) and streams a strip of
     expert IDS[p]'s weight: W's rows for the first cdiv(N, BLOCK_N) strips, W2's for the rest (gate
     and up kept apart, in one launch). Its input row is X's row of the token (SHARED: the token's
-    normed hidden state) or of the pair, SiLU-mul'ed with X2's under SILU. Without SUM it writes row
+    hidden state, RMS-normed with NW under NORM) or of the pair, SiLU-mul'ed with X2's under SILU. Without SUM it writes row
     p of Y [pairs, N + N2]; with SUM (the down projection) the TOP_K programs of a token's strip are
     reduced like split-K, each partial scaled by its routing weight TOPW[p] in fp32, and the last one
     writes the token's row of Y [tokens, N], plus the residual under RESIDUAL."""
@@ -174,11 +177,17 @@ def expert_gemv_kernel(
     rk = tl.arange(0, BLOCK_K)
     rm = tl.arange(0, 1)
     rstd = tl.zeros([1], tl.float32)
+    if NORM:
+        ss = tl.zeros([BLOCK_K], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            hv = tl.load(X + row * x_s0 + k0 + rk, mask=(k0 + rk) < K, other=0.0).to(tl.float32)
+            ss += hv * hv
+        rstd += 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
     acc = tl.zeros([1, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + rk
         w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & (ks < K)[None, :], other=0.0)
-        acc = _tile(acc, w, ks, K, X + row * x_s0, X2 + row * x_s0, X, 1, 0, 0, rstd, rm, False, SILU, 1)
+        acc = _tile(acc, w, ks, K, X + row * x_s0, X2 + row * x_s0, NW, 1, 0, 0, rstd, rm, NORM, SILU, 1)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     mask = n_mask[None, :]
@@ -206,5 +215,6 @@ def _expert_configs() -> list[triton.Config]:
 
 
 expert_gemv_tuned = triton.autotune(configs=_expert_configs(),
-                                    key=["N", "N2", "K", "SHARED", "SILU", "SUM", "TOP_K", "PDL"])(expert_gemv_kernel)
+                                    key=["N", "N2", "K", "SHARED", "NORM", "SILU", "SUM", "TOP_K", "PDL"])(
+    expert_gemv_kernel)
 """`expert_gemv_kernel` with blocks chosen per shape on the GPU."""

@@ -165,9 +165,10 @@ class FastForward:
             return self._linear(h, w, b)
         return fused_linear(h, w, b, norm_weight=norm, eps=self.eps)
 
-    def _qkv(self, layer: Layer, h: Tensor, norm: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """q [N, Hq, D], k and v [N, Hkv, D] (q/k-normed, not yet rotated) for hidden states h [N, H]
-        (with `norm`: for rms_norm(h, norm), computed inside the projections)."""
+    def _qkv(self, layer: Layer, h: Tensor, norm: Tensor | None = None,
+             qk_norm: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+        """q [N, Hq, D], k and v [N, Hkv, D] (q/k-normed unless not `qk_norm`, not yet rotated) for hidden
+        states h [N, H] (with `norm`: for rms_norm(h, norm), computed inside the projections)."""
         s, n = self.spec, h.shape[0]
         if OPTIONS["fused_qkv"]:
             qkv = self._project(h, layer.wqkv, layer.bqkv, norm)
@@ -179,7 +180,7 @@ class FastForward:
         q = q.view(n, s.num_heads, s.head_dim)
         k = k.view(n, s.num_kv_heads, s.head_dim)
         v = v.view(n, s.num_kv_heads, s.head_dim)
-        if layer.q_norm is not None and layer.k_norm is not None:
+        if qk_norm and layer.q_norm is not None and layer.k_norm is not None:
             q = rms_norm(q, layer.q_norm, self.eps, impl=impl("rmsnorm"))
             k = rms_norm(k, layer.k_norm, self.eps, impl=impl("rmsnorm"))
         return q, k, v
@@ -250,12 +251,18 @@ class FastForward:
         return self._logits(x[last], residual[last])
 
     def _attend(self, i: int, q: Tensor, k: Tensor, v: Tensor, positions: Tensor, slots: Tensor,
-                kv_lens: Tensor) -> Tensor:
-        """Rotate q and k, write k and v into layer i's cache, attend over kv_lens keys: [B, Hq, D]."""
+                kv_lens: Tensor, layer: Layer | None = None) -> Tensor:
+        """Rotate q and k, write k and v into layer i's cache, attend over kv_lens keys: [B, Hq, D].
+        With `layer`, q and k are not normed yet: its q/k norms (if any) are applied first."""
         kc, vc = self.k_cache[i], self.v_cache[i]
-        if OPTIONS["rope"] == "triton_fused_cache":
-            q = rope_and_cache(q, k, v, self.cos, self.sin, positions, slots, kc, vc)
+        q_norm, k_norm = (layer.q_norm, layer.k_norm) if layer is not None else (None, None)
+        if OPTIONS["rope"] == "triton_fused_cache":  # the q/k norms inside the same kernel
+            q = rope_and_cache(q, k, v, self.cos, self.sin, positions, slots, kc, vc, q_norm=q_norm, k_norm=k_norm,
+                               eps=self.eps)
         else:
+            if q_norm is not None and k_norm is not None:
+                q = rms_norm(q, q_norm, self.eps, impl=impl("rmsnorm"))
+                k = rms_norm(k, k_norm, self.eps, impl=impl("rmsnorm"))
             q, k = rope(q, k, self.cos, self.sin, positions, impl=impl("rope"))
             kc[slots, :, positions] = k
             vc[slots, :, positions] = v
@@ -290,8 +297,8 @@ class FastForward:
         kv_lens = positions + 1
         h: Tensor = F.embedding(tokens, self.embed)  # [B, H]
         for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, h, norm=layer.attn_norm)
-            attn = self._attend(i, q, k, v, positions, slots, kv_lens)
+            q, k, v = self._qkv(layer, h, norm=layer.attn_norm, qk_norm=False)
+            attn = self._attend(i, q, k, v, positions, slots, kv_lens, layer)
             h = fused_linear(attn.flatten(1), layer.wo, residual=h)
             if layer.moe:
                 h = self._moe_fused(i, layer, h)
@@ -307,22 +314,23 @@ class FastForward:
         return self._linear(rms_norm(h, self.norm, self.eps, impl=impl("rmsnorm")), self.lm_head)
 
     def _moe_fused(self, i: int, layer: Layer, h: Tensor) -> Tensor:
-        """h + the MoE block for a few tokens: RMSNorm, router and top-k, then the chosen experts' gate and
-        up projections in one launch and their down projections, weighted, summed and added to h in
-        another (`expert_gemv`: expert ids read on the device, no grouping, no sort)."""
+        """h + the MoE block for a few tokens: router (RMSNorm inside) and top-k, then the chosen experts'
+        gate and up projections in one launch (RMSNorm inside again) and their down projections,
+        weighted, summed and added to h in another (`expert_gemv`: expert ids read on the device, no
+        grouping, no sort)."""
         moe = self.spec.moe
         assert moe is not None
-        x = rms_norm(h, layer.mlp_norm, self.eps, impl=impl("rmsnorm"))
         if layer.has_mlp:  # a shared expert: the general path
-            return h + self._mlp(i, layer, x)
-        topk_ids, topk_weights = route_kernel(self._linear(x, layer.router), moe.top_k, moe.scoring, moe.renormalize,
-                                              layer.router_bias, impl=impl("routing"))
+            return h + self._mlp(i, layer, rms_norm(h, layer.mlp_norm, self.eps, impl=impl("rmsnorm")))
+        # The block's RMSNorm is done inside the router's GEMV and again inside the experts' gate/up GEMV.
+        logits = fused_linear(h, layer.router, norm_weight=layer.mlp_norm, eps=self.eps)
+        topk_ids, topk_weights = route_kernel(logits, moe.top_k, moe.scoring, moe.renormalize, layer.router_bias,
+                                              impl=impl("routing"))
         if self.routing_observer is not None:
             self.routing_observer(i, topk_ids)
-        if isinstance(layer.experts_gate_up, tuple):
-            gate_up = expert_gemv(x, layer.experts_gate_up[0], topk_ids, w2=layer.experts_gate_up[1])
-        else:
-            gate_up = expert_gemv(x, layer.experts_gate_up, topk_ids)
+        gate_up_w = layer.experts_gate_up
+        w, w2 = gate_up_w if isinstance(gate_up_w, tuple) else (gate_up_w, None)
+        gate_up = expert_gemv(h, w, topk_ids, w2=w2, norm_weight=layer.mlp_norm, eps=self.eps)
         width = gate_up.shape[1] // 2
         return expert_gemv(gate_up[:, :width], layer.experts_down, topk_ids, up=gate_up[:, width:],
                            topk_weights=topk_weights, residual=h)
