@@ -38,7 +38,7 @@ def fused_gemv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     PDL: tl.constexpr, EARLY: tl.constexpr,
 ):
-    if PDL and EARLY:  # let the next kernel's programs become resident now (an experiment: ATHANOR_PDL_EARLY=1)
+    if PDL and EARLY:  # let the next kernel's programs become resident now (see gemv.PDL_EARLY)
         tl.extra.cuda.gdc_launch_dependents()
     pid_n = tl.program_id(0)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
