@@ -93,13 +93,9 @@ def test_token_major_split_k_candidate_in_bf16(tmp_path):
     assert_as_accurate_as_reference(render("fast", options), "tiny-moe", tmp_path)
 
 
-def test_fused_gemv_candidate_in_bf16(tmp_path):
-    options = {**best_options(PRESETS["tiny-dense"]), "gemv": "triton_fused"}
-    source = render("fast", options).replace("FUSED_ROWS = 1\n", "FUSED_ROWS = 8\n")  # every decode row
-    assert_as_accurate_as_reference(source, "tiny-dense", tmp_path)
-
-
 def test_fused_moe_candidate_in_bf16(tmp_path):
+    """The fused layer (MoE and its attention half) in bf16; the dense GEMV's rounding is checked against
+    fp64 in tests/unit/kernels/test_bf16_kernels.py, the whole dense layer on the GPU."""
     source = render("fast", {**best_options(PRESETS["tiny-moe"]), "gemv": "triton_fused"})
     assert_as_accurate_as_reference(source.replace("FUSED_ROWS = 1\n", "FUSED_ROWS = 8\n"), "tiny-moe", tmp_path)
 
