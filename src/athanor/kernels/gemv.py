@@ -123,7 +123,9 @@ _TICKETS: dict[torch.device, Tensor] = {}
 
 def _tickets(device: torch.device) -> Tensor:
     """Per-strip counters of split-K programs, zero between launches (each launch resets those it used).
-    One array per device: kernels of one stream never overlap, and strips never exceed its size."""
+    One array per device: launches on one stream touch it in stream order (under PDL a kernel starts
+    early but touches tickets only after its `gdc_wait`, i.e. after the previous kernel has finished),
+    and strips never exceed its size."""
     if device not in _TICKETS:
         _TICKETS[device] = torch.zeros(1 << 16, dtype=torch.int32, device=device)
     return _TICKETS[device]
