@@ -61,7 +61,7 @@ def fused_gemv_kernel(
             ss = tl.zeros([BLOCK_K], tl.float32)
             for k0 in range(0, K, BLOCK_K):
                 ks = k0 + rk
-                h = tl.load(X + m * x_s0 + ks, mask=(ks < K) & (m < M), other=0.0).to(tl.float32)
+                h = tl.load(X + m * x_s0 + ks, mask=(ks < K) & (ks * 0 + m < M), other=0.0).to(tl.float32)
                 ss += h * h
             r = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
             rstd = tl.where(rm == m, r, rstd)
@@ -101,7 +101,7 @@ def _tile(acc, w, ks, k_hi, X, X2, NW, M, x_s0, x2_s0, rstd, rm,
     if NORM:
         nw = tl.load(NW + ks, mask=k_mask, other=0.0).to(tl.float32)
     for m in tl.static_range(BLOCK_M):
-        row_mask = k_mask & (m < M)
+        row_mask = k_mask & (ks * 0 + m < M)  # a block compare: a scalar one is no mask to every interpreter
         x = tl.load(X + m * x_s0 + ks, mask=row_mask, other=0.0)
         if SILU:
             up = tl.load(X2 + m * x2_s0 + ks, mask=row_mask, other=0.0).to(tl.float32)
