@@ -20,7 +20,8 @@ epilogue, then resets the ticket, so one launch does what split-K + a reduce ker
 
 PDL (programmatic dependent launch, see `athanor.kernels.dispatch.pdl`): the program loads its
 first weight tile, which depends on no earlier kernel, before waiting for the previous kernel; and
-it lets the next kernel launch once its weight stream is done, during its epilogue.
+it lets the next kernel launch as soon as it starts (EARLY, the default: `gemv.PDL_EARLY`), or else
+once its weight stream is done, during its epilogue.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def fused_gemv_kernel(
         w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & (ks < k_hi)[None, :], other=0.0)
         acc = _tile(acc, w, ks, k_hi, X, X2, NW, M, x_s0, x2_s0, rstd, rm, NORM, SILU, BLOCK_M)
     if PDL:
-        tl.extra.cuda.gdc_launch_dependents()  # the weights are read: the next kernel may start loading its own
+        tl.extra.cuda.gdc_launch_dependents()  # weights read: the next kernel may start (a no-op after EARLY's)
 
     mask = (rm[:, None] < M) & n_mask[None, :]
     if SPLIT_K > 1:
