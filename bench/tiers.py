@@ -18,7 +18,15 @@ verdict is kept in a store under --out. Figures:
   candidates each strategy evaluates, their ratio, and the slow-tier speedup of each one's winner.
 
     python bench/tiers.py --model smollm2-135m --device cpu --candidates 30 [--traffic preset:chat]
-    python bench/tiers.py --model llama-3.1-8b --device cuda --dtype bfloat16 --candidates 30
+    python bench/tiers.py --model llama-3.1-8b --device cuda --dtype bfloat16 --candidates 30 \
+        --run-dir DIR --time-limit 480 [--resume]
+
+The 8B run needs ~50 minutes of device time (30 x (fast ~25 s + slow ~80-100 s)), beyond one device
+command (10 minutes) and one session's device time (30 minutes). So `--run-dir DIR` keeps the store
+in DIR (carry it from call to call), `--time-limit S` starts no candidate after S seconds, and
+`--resume` continues the run in DIR: its rows are rebuilt from the store's verdicts, and the variant
+agent is warm-started on their fast-tier verdicts, as a resumed `athanor compile` is. Each call
+writes the figures of all rows so far.
 
 Writes tiers_<model>_<device>.json (under --out, default bench/results). Targets (issue 6):
 Spearman >= 0.8, no miss of the slow tier's best, >= 5x more candidates screened at equal budget.
@@ -42,19 +50,32 @@ from _record import write
 from athanor.agents.base import AgentContext
 from athanor.agents.variant import VariantConfig, VariantSearch
 from athanor.engine.candidate import Candidate, baseline_candidate
-from athanor.evaluate import Evaluator, Verdict
+from athanor.evaluate import Evaluator
 from athanor.loop.config import CompileConfig
 from athanor.model.registry import load_spec
-from athanor.store import open_store
+from athanor.store import EvaluationRecord, open_store
 
 
-def _row(cand: Candidate, fast: Verdict, slow: Verdict) -> dict[str, Any]:
-    return {"candidate_id": cand.id, "description": cand.manifest.description,
-            **{f"{tier}_{k}": v for tier, verdict in (("fast", fast), ("slow", slow)) for k, v in (
-                ("accepted", verdict.accepted), ("stage", verdict.stage), ("reason", verdict.reason[:200]),
-                ("speedup", verdict.speedup.median), ("ci_low", verdict.speedup.ci_low),
-                ("ci_high", verdict.speedup.ci_high), ("gpu_s_per_1k", verdict.gpu_s_per_1k_requests),
-                ("wall_s", verdict.wall_s))}}
+def _row(candidate_id: str, description: str, fast: EvaluationRecord, slow: EvaluationRecord) -> dict[str, Any]:
+    """One candidate's fast and slow verdicts, from the store's records (so a resumed run rebuilds them)."""
+    return {"candidate_id": candidate_id, "description": description,
+            **{f"{tier}_{k}": v for tier, ev in (("fast", fast), ("slow", slow)) for k, v in (
+                ("accepted", ev.accepted), ("stage", ev.stage), ("reason", ev.reason[:200]),
+                ("speedup", ev.speedup), ("ci_low", ev.speedup_ci_low), ("ci_high", ev.speedup_ci_high),
+                ("gpu_s_per_1k", ev.gpu_s_per_1k), ("wall_s", ev.wall_s))}}
+
+
+def _rows_so_far(store: Any, run_id: str) -> tuple[list[dict[str, Any]], list[tuple[str, EvaluationRecord]]]:
+    """Rows of the candidates evaluated on both tiers, in proposal order, and the fast-tier history
+    (source, record) that warm-starts the variant agent."""
+    rows, history = [], []
+    for cand in store.candidates(run_id):
+        evs = {ev.tier: ev for ev in store.evaluations(run_id, candidate_id=cand.id)}
+        if "fast" in evs:
+            history.append((cand.source, evs["fast"]))
+        if "fast" in evs and "slow" in evs:
+            rows.append(_row(cand.id, cand.description, evs["fast"], evs["slow"]))
+    return rows, history
 
 
 def equal_budget(rows: list[dict[str, Any]], budget_s: float, reserve_s: float) -> dict[str, Any]:
@@ -119,21 +140,40 @@ def main() -> int:
     ap.add_argument("--max-seq-len", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--run-dir", default="", help="keep the store here (default: a temporary directory)")
+    ap.add_argument("--resume", action="store_true", help="continue the run in --run-dir")
+    ap.add_argument("--time-limit", type=float, default=0.0, help="start no candidate after this many seconds")
     args = ap.parse_args()
+    if args.resume and not args.run_dir:
+        ap.error("--resume needs --run-dir")
     config = CompileConfig(model=args.model, traffic=args.traffic, device=args.device, dtype=args.dtype,
                            max_seqs=args.max_seqs, max_seq_len=args.max_seq_len, seed=args.seed, budget_s=args.budget)
     spec = load_spec(args.model)
     agent = VariantSearch(VariantConfig(device="cpu" if config.on_cpu else "cuda", moe=spec.moe is not None,
                                         seed=args.seed))
     reference = baseline_candidate()
-    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="athanor-tiers-") as tmp, \
             Evaluator(config.evaluate_config("fast")) as fast, Evaluator(config.evaluate_config("slow")) as slow:
-        store = open_store(Path(tmp))
-        run = store.add_run(args.model, args.traffic, args.device, config={"benchmark": "tiers"})
-        store.add_candidate(run.id, reference.source, author="reference")
+        store = open_store(Path(args.run_dir or tmp))
+        runs = store.runs(limit=1)
+        if args.resume:
+            if not runs:
+                ap.error(f"--resume: {args.run_dir} holds no run")
+            run = store.resume_run(runs[0].id)
+            rows, history = _rows_so_far(store, run.id)
+            agent.warm_start(history)
+            print(f"resuming run {run.id}: {len(rows)} candidates on both tiers", file=sys.stderr)
+        else:
+            if runs:
+                ap.error(f"--run-dir {args.run_dir} already holds run {runs[0].id}: pass --resume")
+            run = store.add_run(args.model, args.traffic, args.device, config={"benchmark": "tiers"})
+            store.add_candidate(run.id, reference.source, author="reference")
+            rows = []
         started = time.perf_counter()
         while len(rows) < args.candidates:
+            if args.time_limit and time.perf_counter() - started > args.time_limit:
+                print(f"--time-limit {args.time_limit:.0f} s reached: resume to go on", file=sys.stderr)
+                break
             proposals = agent.propose(AgentContext(run_id=run.id, incumbent_id=reference.id,
                                                    incumbent_source=reference.source))
             if not proposals:
@@ -142,11 +182,10 @@ def main() -> int:
             p = proposals[0]
             cand = Candidate.from_source(p.source, parent=p.parent_id, author=p.author, description=p.description)
             store.add_candidate(run.id, cand.source, parent_id=p.parent_id, author=p.author, description=p.description)
-            fv = fast.evaluate(cand, reference)
-            agent.observe([store.record_verdict(run.id, fv.to_dict(), tier="fast")])
-            sv = slow.evaluate(cand, reference)
-            store.record_verdict(run.id, sv.to_dict(), tier="slow")
-            rows.append(_row(cand, fv, sv))
+            fast_record = store.record_verdict(run.id, fast.evaluate(cand, reference).to_dict(), tier="fast")
+            agent.observe([fast_record])
+            slow_record = store.record_verdict(run.id, slow.evaluate(cand, reference).to_dict(), tier="slow")
+            rows.append(_row(cand.id, p.description, fast_record, slow_record))
             r = rows[-1]
             print(f"{len(rows):3d} {cand.id} fast x{r['fast_speedup']:.3f} ({r['fast_stage']}, {r['fast_wall_s']:.0f} s)"
                   f"  slow x{r['slow_speedup']:.3f} ({r['slow_stage']}, {r['slow_wall_s']:.0f} s)  {p.description[:60]}",

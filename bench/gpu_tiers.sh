@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# One device call (< 10 min on an H200), issue 6: a piece of the tier benchmark for the llama-3.1-8b
+# shape (bench/tiers.py: 30 candidates of the variant agent, each on the fast and the slow tier; about
+# 50 minutes of device time in all, so it runs in pieces). The store comes back in $OUT/tiers_run.
+# First call:  ATHANOR_COMMIT=$(git rev-parse HEAD) bash bench/gpu_tiers.sh
+# Later calls: copy the returned tiers_run/ to .tiers_run/ in the checkout (git-ignored), carry it
+#              (carry [".whl", ".tiers_run"]) and run with RESUME=1.
+source "$(dirname "$0")/_gpu_env.sh"
+mkdir -p "$OUT/tiers_run"
+flag=""
+if [ -n "${RESUME:-}" ]; then
+  cp -r .tiers_run/. "$OUT/tiers_run/" && flag=--resume
+fi
+timeout 570 python3 bench/tiers.py --model llama-3.1-8b --device cuda --dtype bfloat16 --candidates 30 \
+  --run-dir "$OUT/tiers_run" --time-limit 330 --out "$OUT" $flag 2>&1 | tail -12
