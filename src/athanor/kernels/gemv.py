@@ -7,14 +7,12 @@ templates make it a choice (`gemv` option) rather than a rule.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from athanor.kernels.attention import _num_sms
-from athanor.kernels.dispatch import Impl, cdiv, interpreting, next_pow2, pdl, use_triton
+from athanor.kernels.dispatch import PDL_EARLY, Impl, cdiv, interpreting, next_pow2, pdl, use_triton
 from athanor.kernels.norm import rms_norm_torch
 
 MAX_ROWS = 16
@@ -59,13 +57,6 @@ def linear(x: Tensor, w: Tensor, bias: Tensor | None = None, gemv: str = "cublas
         return splitk_linear(x, w, bias)
     return F.linear(x, w, bias)
 
-
-PDL_EARLY = os.environ.get("ATHANOR_PDL_EARLY", "1") != "0"
-"""Trigger the next kernel's launch at the start of each fused GEMV program, not after its weight stream:
-the next kernel's programs then wait resident (and issue their first weight loads) while this one
-streams. Measured on an H200 at batch 1 against triggering after the stream: llama-3.2-1b 0.947 ->
-0.919-0.928 ms, llama-3.1-8b 4.262 -> 4.243 ms, qwen3-30b-a3b 3.285 -> 2.968 ms. ATHANOR_PDL_EARLY=0
-triggers after the stream."""
 
 MAX_FUSED_ROWS = 8
 """Most rows `fused_linear` takes in Triton: each row is one more pass over the weight tile in registers."""

@@ -246,6 +246,7 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor, *, w2: Tensor | None = N
 
     n, kk = w.shape[1], w.shape[2]
     n2 = w2.shape[1] if w2 is not None else 0
+    second = w2 if w2 is not None else w  # a stand-in pointer when there is no second weight (n2 = 0)
     assert w.stride(2) == 1 and x.stride(1) == 1 and (w2 is None or w2.stride(2) == 1)
     assert up is None or up.stride() == x.stride(), "gate and up rows share a stride (halves of one output)"
     ids = topk_ids.contiguous()
@@ -255,11 +256,11 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor, *, w2: Tensor | None = N
     else:
         y = torch.empty((t * k, n + n2), dtype=x.dtype, device=x.device)
         workspace = y
-    args = (x, up if up is not None else x, w, w2 if w2 is not None else w, ids,
+    args = (x, up if up is not None else x, w, second, ids,
             topk_weights.contiguous() if topk_weights is not None else y,
             norm_weight if norm_weight is not None else x, residual if residual is not None else y,
             y, workspace, _tickets(x.device), n, n2, kk, eps, x.stride(0), w.stride(0), w.stride(1),
-            (w2 if w2 is not None else w).stride(0), (w2 if w2 is not None else w).stride(1),
+            second.stride(0), second.stride(1),
             residual.stride(0) if residual is not None else 0, y.stride(0))
     flags = {"SHARED": shared, "NORM": norm_weight is not None, "SILU": up is not None, "SUM": topk_weights is not None,
              "RESIDUAL": residual is not None, "TOP_K": k, **pdl(x)}

@@ -83,7 +83,7 @@ class Executor:
         t = time.perf_counter()
         with self.engine._armed():
             if decode:
-                out, logits, _ = resident.runner.step(x, greedy=all(c.seq.request.temperature <= 0 for c in chunks))
+                out, logits, _ = resident.runner.step(x, greedy=self._greedy(chunks))
             else:
                 flat = [t for c in chunks for t in c.seq.tokens[c.start:c.end]]
                 cu = [0]
@@ -173,6 +173,11 @@ class Executor:
             self._ahead = None
 
     @staticmethod
+    def _greedy(chunks: list[Chunk]) -> bool:
+        """Every row samples greedily: the step replays the bucket's argmax graph."""
+        return all(c.seq.request.temperature <= 0 for c in chunks)
+
+    @staticmethod
     def _rows_of(chunks: list[Chunk]) -> list[tuple[str, int]]:
         return [(c.seq.request_id, c.start) for c in chunks]
 
@@ -202,7 +207,7 @@ class Executor:
     def _launch(self, resident: Resident, cid: str, chunks: list[Chunk]) -> Launched:
         x = self._inputs(chunks, twin=False, decode=True)
         with self.engine._armed():
-            tokens, _, _ = resident.runner.step(x, greedy=all(c.seq.request.temperature <= 0 for c in chunks))
+            tokens, _, _ = resident.runner.step(x, greedy=self._greedy(chunks))
         return self._record(cid, self._rows_of(chunks), tokens)
 
     def _record(self, cid: str, rows: list[tuple[str, int]], tokens: Tensor) -> Launched:

@@ -20,7 +20,7 @@ epilogue, then resets the ticket, so one launch does what split-K + a reduce ker
 
 PDL (programmatic dependent launch, see `athanor.kernels.dispatch.pdl`): the program loads its
 first weight tile, which depends on no earlier kernel, before waiting for the previous kernel; and
-it lets the next kernel launch as soon as it starts (EARLY, the default: `gemv.PDL_EARLY`), or else
+it lets the next kernel launch as soon as it starts (EARLY, the default: `dispatch.PDL_EARLY`), or else
 once its weight stream is done, during its epilogue.
 """
 
@@ -39,7 +39,7 @@ def fused_gemv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     PDL: tl.constexpr, EARLY: tl.constexpr,
 ):
-    if PDL and EARLY:  # let the next kernel's programs become resident now (see gemv.PDL_EARLY)
+    if PDL and EARLY:  # let the next kernel's programs become resident now (see dispatch.PDL_EARLY)
         tl.extra.cuda.gdc_launch_dependents()
     pid_n = tl.program_id(0)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -59,13 +59,7 @@ def fused_gemv_kernel(
     rstd = tl.zeros([BLOCK_M], tl.float32)
     if NORM:
         for m in tl.static_range(BLOCK_M):
-            ss = tl.zeros([BLOCK_K], tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                ks = k0 + rk
-                h = tl.load(X + m * x_s0 + ks, mask=(ks < K) & (ks * 0 + m < M), other=0.0).to(tl.float32)
-                ss += h * h
-            r = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
-            rstd = tl.where(rm == m, r, rstd)
+            rstd = tl.where(rm == m, _row_rstd(X + m * x_s0, K, eps, rk, M - m, BLOCK_K), rstd)
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc = _tile(acc, w_first, k_lo + rk, k_hi, X, X2, NW, M, x_s0, x2_s0, rstd, rm, NORM, SILU, BLOCK_M)
@@ -90,6 +84,18 @@ def fused_gemv_kernel(
             _epilogue(acc, B, R, Y, rm, rn, n_mask, mask, r_s0, y_s0, BIAS, RESIDUAL)
     else:
         _epilogue(acc, B, R, Y, rm, rn, n_mask, mask, r_s0, y_s0, BIAS, RESIDUAL)
+
+
+@triton.jit
+def _row_rstd(X_ROW, K, eps, rk, rows_left, BLOCK_K: tl.constexpr):
+    """1 / RMS of the K-long row at X_ROW (read whole, BLOCK_K at a time); masked out when rows_left <= 0
+    (a padding row of the block). The mask is a block compare: a scalar one is no mask to every interpreter."""
+    ss = tl.zeros([BLOCK_K], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + rk
+        h = tl.load(X_ROW + ks, mask=(ks < K) & (ks * 0 < rows_left), other=0.0).to(tl.float32)
+        ss += h * h
+    return 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
 
 
 @triton.jit
@@ -179,11 +185,7 @@ def expert_gemv_kernel(
     rm = tl.arange(0, 1)
     rstd = tl.zeros([1], tl.float32)
     if NORM:
-        ss = tl.zeros([BLOCK_K], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            hv = tl.load(X + row * x_s0 + k0 + rk, mask=(k0 + rk) < K, other=0.0).to(tl.float32)
-            ss += hv * hv
-        rstd += 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
+        rstd += _row_rstd(X + row * x_s0, K, eps, rk, 1, BLOCK_K)
     acc = tl.zeros([1, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + rk

@@ -165,9 +165,8 @@ class FastForward:
             return self._linear(h, w, b)
         return fused_linear(h, w, b, norm_weight=norm, eps=self.eps)
 
-    def _qkv(self, layer: Layer, h: Tensor, norm: Tensor | None = None,
-             qk_norm: bool = True) -> tuple[Tensor, Tensor, Tensor]:
-        """q [N, Hq, D], k and v [N, Hkv, D] (q/k-normed unless not `qk_norm`, not yet rotated) for hidden
+    def _qkv(self, layer: Layer, h: Tensor, norm: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """q [N, Hq, D], k and v [N, Hkv, D] (not q/k-normed, not rotated: `_qk_norm`, `_attend`) for hidden
         states h [N, H] (with `norm`: for rms_norm(h, norm), computed inside the projections)."""
         s, n = self.spec, h.shape[0]
         if OPTIONS["fused_qkv"]:
@@ -180,20 +179,26 @@ class FastForward:
         q = q.view(n, s.num_heads, s.head_dim)
         k = k.view(n, s.num_kv_heads, s.head_dim)
         v = v.view(n, s.num_kv_heads, s.head_dim)
-        if qk_norm and layer.q_norm is not None and layer.k_norm is not None:
-            q = rms_norm(q, layer.q_norm, self.eps, impl=impl("rmsnorm"))
-            k = rms_norm(k, layer.k_norm, self.eps, impl=impl("rmsnorm"))
         return q, k, v
 
-    def _swiglu(self, layer: Layer, x: Tensor) -> Tensor:
+    def _qk_norm(self, layer: Layer, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """Qwen3's per-head RMSNorm of q and k (the identity for models without one)."""
+        if layer.q_norm is None or layer.k_norm is None:
+            return q, k
+        return (rms_norm(q, layer.q_norm, self.eps, impl=impl("rmsnorm")),
+                rms_norm(k, layer.k_norm, self.eps, impl=impl("rmsnorm")))
+
+    def _gate_up(self, layer: Layer, x: Tensor, norm: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The gate and up projections of x (one GEMM on a fused weight, its halves as views); with `norm`,
+        x is the residual stream, RMS-normed inside the GEMV."""
         if OPTIONS["fused_gate_up"]:
-            gu = self._linear(x, layer.w_gate_up)
-            width = gu.shape[1] // 2
-            act = silu_mul_kernel(gu[:, :width], gu[:, width:], impl=impl("silu_mul"))
-        else:
-            act = silu_mul_kernel(self._linear(x, layer.w_gate), self._linear(x, layer.w_up),
-                                  impl=impl("silu_mul"))
-        return self._linear(act, layer.w_down)
+            gate_up = self._project(x, layer.w_gate_up, None, norm)
+            width = gate_up.shape[1] // 2
+            return gate_up[:, :width], gate_up[:, width:]
+        return self._project(x, layer.w_gate, None, norm), self._project(x, layer.w_up, None, norm)
+
+    def _swiglu(self, layer: Layer, x: Tensor) -> Tensor:
+        return self._linear(silu_mul_kernel(*self._gate_up(layer, x), impl=impl("silu_mul")), layer.w_down)
 
     def _mlp(self, i: int, layer: Layer, x: Tensor) -> Tensor:
         if not layer.moe:
@@ -225,7 +230,7 @@ class FastForward:
         for i, layer in enumerate(self.layers):
             h, residual = self._norm(x, residual, layer.attn_norm)
             q, k, v = self._qkv(layer, h)
-            q, k = rope(q, k, self.cos, self.sin, batch.positions, impl=impl("rope"))
+            q, k = rope(*self._qk_norm(layer, q, k), self.cos, self.sin, batch.positions, impl=impl("rope"))
             out = torch.empty_like(q)  # [T, Hq, D]
             for b, slot in enumerate(slots):
                 lo, hi, start = cu[b], cu[b + 1], starts[b]
@@ -250,19 +255,15 @@ class FastForward:
         last = batch.cu_seqlens[1:] - 1
         return self._logits(x[last], residual[last])
 
-    def _attend(self, i: int, q: Tensor, k: Tensor, v: Tensor, positions: Tensor, slots: Tensor,
-                kv_lens: Tensor, layer: Layer | None = None) -> Tensor:
-        """Rotate q and k, write k and v into layer i's cache, attend over kv_lens keys: [B, Hq, D].
-        With `layer`, q and k are not normed yet: its q/k norms (if any) are applied first."""
+    def _attend(self, i: int, layer: Layer, q: Tensor, k: Tensor, v: Tensor, positions: Tensor, slots: Tensor,
+                kv_lens: Tensor) -> Tensor:
+        """q/k-norm and rotate q and k, write k and v into layer i's cache, attend over kv_lens keys: [B, Hq, D]."""
         kc, vc = self.k_cache[i], self.v_cache[i]
-        q_norm, k_norm = (layer.q_norm, layer.k_norm) if layer is not None else (None, None)
         if OPTIONS["rope"] == "triton_fused_cache":  # the q/k norms inside the same kernel
-            q = rope_and_cache(q, k, v, self.cos, self.sin, positions, slots, kc, vc, q_norm=q_norm, k_norm=k_norm,
-                               eps=self.eps)
+            q = rope_and_cache(q, k, v, self.cos, self.sin, positions, slots, kc, vc, q_norm=layer.q_norm,
+                               k_norm=layer.k_norm, eps=self.eps)
         else:
-            if q_norm is not None and k_norm is not None:
-                q = rms_norm(q, q_norm, self.eps, impl=impl("rmsnorm"))
-                k = rms_norm(k, k_norm, self.eps, impl=impl("rmsnorm"))
+            q, k = self._qk_norm(layer, q, k)
             q, k = rope(q, k, self.cos, self.sin, positions, impl=impl("rope"))
             kc[slots, :, positions] = k
             vc[slots, :, positions] = v
@@ -282,7 +283,7 @@ class FastForward:
         for i, layer in enumerate(self.layers):
             h, residual = self._norm(x, residual, layer.attn_norm)
             q, k, v = self._qkv(layer, h)
-            attn = self._attend(i, q, k, v, positions, slots, kv_lens)
+            attn = self._attend(i, layer, q, k, v, positions, slots, kv_lens)
             x = self._linear(attn.flatten(1), layer.wo)
             h, residual = self._norm(x, residual, layer.mlp_norm)
             x = self._mlp(i, layer, h)
@@ -297,19 +298,13 @@ class FastForward:
         kv_lens = positions + 1
         h: Tensor = F.embedding(tokens, self.embed)  # [B, H]
         for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, h, norm=layer.attn_norm, qk_norm=False)
-            attn = self._attend(i, q, k, v, positions, slots, kv_lens, layer)
+            q, k, v = self._qkv(layer, h, norm=layer.attn_norm)
+            attn = self._attend(i, layer, q, k, v, positions, slots, kv_lens)
             h = fused_linear(attn.flatten(1), layer.wo, residual=h)
             if layer.moe:
                 h = self._moe_fused(i, layer, h)
                 continue
-            if OPTIONS["fused_gate_up"]:
-                gate_up = fused_linear(h, layer.w_gate_up, norm_weight=layer.mlp_norm, eps=self.eps)
-                width = gate_up.shape[1] // 2
-                gate, up = gate_up[:, :width], gate_up[:, width:]
-            else:
-                gate = fused_linear(h, layer.w_gate, norm_weight=layer.mlp_norm, eps=self.eps)
-                up = fused_linear(h, layer.w_up, norm_weight=layer.mlp_norm, eps=self.eps)
+            gate, up = self._gate_up(layer, h, norm=layer.mlp_norm)
             h = fused_linear(gate, layer.w_down, up=up, residual=h)
         return self._linear(rms_norm(h, self.norm, self.eps, impl=impl("rmsnorm")), self.lm_head)
 
