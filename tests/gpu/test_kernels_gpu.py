@@ -101,6 +101,49 @@ def test_decode_attention_is_graph_capturable(dev):
     torch.testing.assert_close(out, decode_attention(q, k_cache, v_cache, slots, kv_lens, impl="torch"), **BF16)
 
 
+@pytest.mark.parametrize(("hq", "hkv", "d", "qk_norm", "batch", "context"),
+                         [(32, 8, 64, False, 1, 1024), (32, 4, 128, True, 1, 1024), (32, 8, 128, False, 8, 32768),
+                          (32, 8, 128, False, 64, 2048)])
+def test_rope_cache_attention_bf16_in_a_graph(dev, hq, hkv, d, qk_norm, batch, context):
+    """The fused RoPE + cache write + split-KV + ticket merge against the unfused rope_and_cache + torch attention,
+    captured once and replayed with new tokens and lengths (its split tickets must reset every launch)."""
+    from athanor.kernels import NewToken, rope_and_cache, rope_cache_attention
+    from athanor.kernels.attention import decode_attention_torch
+
+    max_len = context + 16
+    bf = {"device": dev, "dtype": torch.bfloat16}
+    qkv = torch.randn(batch, hq + 2 * hkv, d, **bf)
+    q, k, v = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
+    angles = torch.randn(max_len, d, device=dev)
+    cos, sin = angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
+    norms = (torch.randn(d, **bf), torch.randn(d, **bf)) if qk_norm else (None, None)
+    caches = [torch.randn(batch + 1, hkv, max_len, d, **bf) for _ in range(2)]
+    slots = torch.randperm(batch + 1, device=dev)[:batch]
+    positions = torch.randint(0, context, (batch,), device=dev)
+    positions[0] = context - 1
+    kv_lens = positions + 1
+    new = NewToken(k, v, cos, sin, positions, q_norm=norms[0], k_norm=norms[1], eps=1e-6)
+    rope_cache_attention(q, new, caches[0], caches[1], slots, kv_lens)  # compile outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = rope_cache_attention(q, new, caches[0], caches[1], slots, kv_lens)
+    for _ in range(3):
+        qkv.copy_(torch.randn_like(qkv))
+        positions.copy_(torch.randint(0, context, (batch,), device=dev))
+        kv_lens.copy_(positions + 1)
+        expected_caches = [c.clone() for c in caches]
+        # the unfused Triton rope (fp32 math, rounded once, as the fused kernel; torch rounds each op in bf16)
+        rq = rope_and_cache(q, k, v, cos, sin, positions, slots, *expected_caches, impl="triton",
+                            q_norm=norms[0], k_norm=norms[1], eps=1e-6)
+        expected = decode_attention_torch(rq, *expected_caches, slots, kv_lens)
+        graph.replay()
+        torch.testing.assert_close(out, expected, **BF16)
+        for got, want in zip(caches, expected_caches):
+            torch.testing.assert_close(got, want, **BF16)
+    ms = _ms(graph.replay)
+    print(f"rope_cache_attention b={batch} ctx={context} hkv={hkv} d={d}: {ms * 1e3:.1f} us")
+
+
 @pytest.mark.parametrize("m", [1, 4, 16])
 @pytest.mark.parametrize(("n", "k"), [(2048, 2048), (6144, 4096), (4096, 14336)])
 def test_splitk_linear_bf16_vs_cublas(dev, m, n, k):

@@ -11,7 +11,7 @@ package imports without Triton.
 """
 
 from athanor.kernels.activation import silu_mul
-from athanor.kernels.attention import decode_attention, num_kv_splits
+from athanor.kernels.attention import NewToken, decode_attention, num_kv_splits, rope_cache_attention
 from athanor.kernels.dispatch import HAS_TRITON, use_triton
 from athanor.kernels.gemv import fused_linear, linear, splitk_linear
 from athanor.kernels.moe import (
@@ -31,6 +31,7 @@ from athanor.kernels.sampling import greedy, sample_top_k_top_p
 __all__ = [
     "HAS_TRITON",
     "ExpertGroups",
+    "NewToken",
     "add_rms_norm",
     "decode_attention",
     "decode_attention_per_seq",
@@ -46,6 +47,7 @@ __all__ = [
     "rms_norm",
     "rope",
     "rope_and_cache",
+    "rope_cache_attention",
     "route",
     "sample_top_k_top_p",
     "silu_mul",

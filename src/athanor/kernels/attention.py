@@ -9,11 +9,13 @@ no host syncs, so it can be captured in a CUDA graph at any context length.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from athanor.kernels.dispatch import Impl, cdiv, next_pow2, pdl, use_triton
+from athanor.kernels.dispatch import Impl, cdiv, next_pow2, pdl, tickets, use_triton
+from athanor.kernels.rope import rope_and_cache
 
 BLOCK_N = 64
 """Keys per tile of the Triton kernel."""
@@ -70,6 +72,43 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
     """
     if not use_triton(q, impl):
         return decode_attention_torch(q, k_cache, v_cache, slots, kv_lens, static)
+    return _launch(q, k_cache, v_cache, slots, kv_lens, num_splits, None)
+
+
+@dataclass(frozen=True)
+class NewToken:
+    """The decode step's new token per sequence, not yet rotated nor in the cache: what `rope_and_cache`
+    takes besides q. k, v: [B, Hkv, D]; cos, sin: [max_seq_len, D] tables; positions: [B] int64;
+    q_norm, k_norm: Qwen3's per-head RMSNorm weights [D] (or None), with their eps."""
+
+    k: Tensor
+    v: Tensor
+    cos: Tensor
+    sin: Tensor
+    positions: Tensor
+    q_norm: Tensor | None = None
+    k_norm: Tensor | None = None
+    eps: float = 0.0
+
+
+def rope_cache_attention(q: Tensor, new: NewToken, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor,
+                         num_splits: int | None = None, static: bool = False, impl: Impl = None) -> Tensor:
+    """`rope_and_cache` then `decode_attention`, in one Triton kernel: q and the new k are q/k-normed and
+    rotated in registers, the program whose key slice holds the new position writes k and v into the cache
+    before reading it, and the last split of each KV head to finish merges the splits. Returns [B, Hq, D].
+
+    q: [B, Hq, D], not rotated (a strided view of a fused QKV output is fine); kv_lens: positions + 1.
+    """
+    if not use_triton(q, impl):
+        q = rope_and_cache(q, new.k, new.v, new.cos, new.sin, new.positions, slots, k_cache, v_cache, impl="torch",
+                           q_norm=new.q_norm, k_norm=new.k_norm, eps=new.eps)
+        return decode_attention_torch(q, k_cache, v_cache, slots, kv_lens, static)
+    return _launch(q, k_cache, v_cache, slots, kv_lens, num_splits, new)
+
+
+def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor, num_splits: int | None,
+            new: NewToken | None) -> Tensor:
+    """The Triton path: split kernel + merge kernel, or (`new` given) the fused kernel with its ticket merge."""
     from athanor.kernels.jit.attention import decode_attention_merge_kernel, decode_attention_split_kernel
 
     b, hq, d = q.shape
@@ -83,17 +122,30 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
     out = torch.empty((b, hq, d), dtype=q.dtype, device=q.device)
     if b == 0:
         return out
+    if new is not None:
+        assert new.k.stride(2) == 1 and new.v.stride(2) == 1 and new.cos.is_contiguous() and new.sin.is_contiguous()
+        assert b * hkv <= tickets(q.device).numel()
+        norms = new.q_norm is not None and new.k_norm is not None
+        fused = (new.k, new.v, new.cos, new.sin, new.positions, new.q_norm if norms else new.cos,
+                 new.k_norm if norms else new.cos, new.eps)
+        new_strides = (new.k.stride(0), new.k.stride(1), new.v.stride(0), new.v.stride(1))
+    else:
+        norms = False
+        fused = (q, q, q, q, slots, q, q, 0.0)  # stand-ins: unread without ROPE
+        new_strides = (0, 0, 0, 0)
     decode_attention_split_kernel[(b, hkv, splits)](
-        q, k_cache, v_cache, slots, kv_lens, o_part, lse_part,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        q, k_cache, v_cache, slots, kv_lens, o_part, lse_part, out, tickets(q.device), *fused,
+        q.stride(0), q.stride(1), *new_strides, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
-        d**-0.5,
-        GROUP=group, NUM_SPLITS=splits, HEAD_DIM=d, BLOCK_G=max(16, next_pow2(group)), BLOCK_N=BLOCK_N, **pdl(q),
+        out.stride(0), out.stride(1), d**-0.5,
+        GROUP=group, NUM_SPLITS=splits, HEAD_DIM=d, BLOCK_G=max(16, next_pow2(group)), BLOCK_N=BLOCK_N,
+        BLOCK_S=next_pow2(splits), ROPE=new is not None, QK_NORM=norms, MERGE=new is not None, **pdl(q),
     )
-    decode_attention_merge_kernel[(b, hq)](
-        o_part, lse_part, out,
-        o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
-        out.stride(0), out.stride(1),
-        NUM_SPLITS=splits, BLOCK_S=next_pow2(splits), HEAD_DIM=d, **pdl(q),
-    )
+    if new is None:
+        decode_attention_merge_kernel[(b, hq)](
+            o_part, lse_part, out,
+            o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
+            out.stride(0), out.stride(1),
+            NUM_SPLITS=splits, BLOCK_S=next_pow2(splits), HEAD_DIM=d, **pdl(q),
+        )
     return out

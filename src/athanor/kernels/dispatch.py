@@ -87,6 +87,22 @@ def _pdl_capable(index: int | None) -> bool:
     return os.environ.get("ATHANOR_PDL", "1") != "0" and torch.cuda.get_device_capability(index)[0] >= 9
 
 
+_TICKETS: dict[Any, Tensor] = {}
+
+
+def tickets(device: Any) -> Tensor:
+    """Counters for the kernels whose programs reduce each other's partials (split-K GEMVs, expert sums,
+    split-KV attention): the last program of a group to take a ticket does the reduction and resets the
+    counter, so the array is zero between launches. One array per device: launches on one stream touch
+    it in stream order (under PDL a kernel starts early but touches tickets only after its `gdc_wait`,
+    i.e. after the previous kernel has finished), and no launch uses more than its 65536 counters."""
+    if device not in _TICKETS:
+        import torch
+
+        _TICKETS[device] = torch.zeros(1 << 16, dtype=torch.int32, device=device)
+    return _TICKETS[device]
+
+
 def next_pow2(n: int) -> int:
     """The smallest power of two >= n (Triton block sizes must be powers of two)."""
     return 1 << max(0, (n - 1).bit_length())

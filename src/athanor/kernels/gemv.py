@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from athanor.kernels.attention import _num_sms
-from athanor.kernels.dispatch import PDL_EARLY, Impl, cdiv, interpreting, next_pow2, pdl, use_triton
+from athanor.kernels.dispatch import PDL_EARLY, Impl, cdiv, interpreting, next_pow2, pdl, tickets, use_triton
 from athanor.kernels.norm import rms_norm_torch
 
 MAX_ROWS = 16
@@ -96,7 +96,7 @@ def fused_linear(x: Tensor, w: Tensor, bias: Tensor | None = None, *, norm_weigh
     workspace = torch.empty(8 * next_pow2(m) * (n + 64), dtype=torch.float32, device=x.device)
     args = (x, up if up is not None else x, w, bias if bias is not None else w,
             norm_weight if norm_weight is not None else w, residual if residual is not None else y, y,
-            workspace, _tickets(x.device),
+            workspace, tickets(x.device),
             m, n, k, eps, x.stride(0), up.stride(0) if up is not None else 0, w.stride(0),
             residual.stride(0) if residual is not None else 0, y.stride(0))
     flags = {"NORM": norm_weight is not None, "SILU": up is not None, "BIAS": bias is not None,
@@ -107,16 +107,3 @@ def fused_linear(x: Tensor, w: Tensor, bias: Tensor | None = None, *, norm_weigh
     else:
         fused_gemv_tuned[lambda meta: (cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](*args, **flags)
     return y
-
-
-_TICKETS: dict[torch.device, Tensor] = {}
-
-
-def _tickets(device: torch.device) -> Tensor:
-    """Per-strip counters of split-K programs, zero between launches (each launch resets those it used).
-    One array per device: launches on one stream touch it in stream order (under PDL a kernel starts
-    early but touches tickets only after its `gdc_wait`, i.e. after the previous kernel has finished),
-    and strips never exceed its size."""
-    if device not in _TICKETS:
-        _TICKETS[device] = torch.zeros(1 << 16, dtype=torch.int32, device=device)
-    return _TICKETS[device]

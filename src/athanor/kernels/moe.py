@@ -20,7 +20,7 @@ from torch import Tensor
 
 from athanor.errors import ConfigError
 from athanor.kernels.activation import silu_mul
-from athanor.kernels.dispatch import Impl, cdiv, interpreting, next_pow2, pdl, use_triton
+from athanor.kernels.dispatch import Impl, cdiv, interpreting, next_pow2, pdl, tickets, use_triton
 from athanor.kernels.norm import rms_norm_torch
 
 BACKENDS = ("loop", "grouped_mm", "triton")
@@ -65,7 +65,7 @@ def route(router_logits: Tensor, top_k: int, scoring: str, renormalize: bool,
         route_kernel[(n,)](
             logits, selection_bias if selection_bias is not None else logits, ids, weights, logits.stride(0), e,
             TOP_K=top_k, SOFTMAX=scoring == "softmax", RENORM=renormalize, HAS_BIAS=selection_bias is not None,
-            BLOCK_E=next_pow2(e), BLOCK_K=next_pow2(top_k),
+            BLOCK_E=next_pow2(e), CHUNK=min(32, next_pow2(e)), **pdl(logits),
         )
     return ids, weights
 
@@ -212,7 +212,7 @@ on its own, so beyond a few tokens grouping pairs by expert (`moe_experts`) read
 
 def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor, *, w2: Tensor | None = None, up: Tensor | None = None,
                 norm_weight: Tensor | None = None, eps: float = 0.0, topk_weights: Tensor | None = None,
-                residual: Tensor | None = None, impl: Impl = None) -> Tensor:
+                residual: Tensor | None = None, settled: bool = False, impl: Impl = None) -> Tensor:
     """The routed experts of a few decode tokens, with no grouping and no host sync: every (token,
     choice) pair multiplies its input row by its expert's weight, read by id on the device.
 
@@ -223,6 +223,10 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor, *, w2: Tensor | None = N
     w's: gate and up in one launch). Returns [T*k, N + N2] (row t*k + j: token t's j-th expert), or
     with topk_weights [T, k] (fp32): [T, N], sum_j topk_weights[t, j] * row (in fp32, rounded once),
     plus `residual` [T, N] if given.
+
+    `settled` (a PDL schedule hint; no effect without PDL): topk_ids and topk_weights were written before
+    the launch just before this one, and that launch is an `expert_gemv` (the gate/up call before the
+    down call): the kernel then reads the ids and its first weight tile before waiting for that launch.
     """
     t, k = topk_ids.shape
     shared = x.shape[0] == t and up is None
@@ -241,7 +245,6 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor, *, w2: Tensor | None = N
             return y
         out = (y.float() * topk_weights.reshape(-1, 1)).view(t, k, -1).sum(1).to(x.dtype)
         return out if residual is None else out + residual
-    from athanor.kernels.gemv import _tickets
     from athanor.kernels.jit.fused_gemv import expert_gemv_kernel, expert_gemv_tuned
 
     n, kk = w.shape[1], w.shape[2]
@@ -259,11 +262,11 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor, *, w2: Tensor | None = N
     args = (x, up if up is not None else x, w, second, ids,
             topk_weights.contiguous() if topk_weights is not None else y,
             norm_weight if norm_weight is not None else x, residual if residual is not None else y,
-            y, workspace, _tickets(x.device), n, n2, kk, eps, x.stride(0), w.stride(0), w.stride(1),
+            y, workspace, tickets(x.device), n, n2, kk, eps, x.stride(0), w.stride(0), w.stride(1),
             second.stride(0), second.stride(1),
             residual.stride(0) if residual is not None else 0, y.stride(0))
     flags = {"SHARED": shared, "NORM": norm_weight is not None, "SILU": up is not None, "SUM": topk_weights is not None,
-             "RESIDUAL": residual is not None, "TOP_K": k, **pdl(x)}
+             "RESIDUAL": residual is not None, "TOP_K": k, "SETTLED": settled, **pdl(x)}
     if interpreting():
         block = 16
         grid = (cdiv(n, block) + cdiv(n2, block), t * k)

@@ -79,5 +79,5 @@ def _launch(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, positions
             q_norm if q_norm is not None else cos, k_norm if k_norm is not None else cos, eps,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1), *c_strides,
-            hq, HALF=d // 2, WRITE_CACHE=write, QK_NORM=norms, **pdl(q),
+            hq, HEAD_DIM=d, WRITE_CACHE=write, QK_NORM=norms, **pdl(q),
         )

@@ -20,7 +20,7 @@ BEST_CUDA: dict[str, Any] = {
     "fused_gate_up": True,
     "rmsnorm": "triton",
     "rope": "triton_fused_cache",
-    "attention": "triton_split_kv",
+    "attention": "triton_fused",
     "kv_layout": "head_major",
     "gemv": "triton_fused",
     "silu_mul": "triton",

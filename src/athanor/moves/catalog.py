@@ -51,11 +51,14 @@ MOVES: tuple[Move, ...] = (
     Move("rope", ("torch", "triton", "triton_fused_cache"), "torch",
          "Rotary embedding in one Triton kernel for q and k; 'triton_fused_cache' also writes k and v into the "
          "KV cache in the same kernel (decode only), replacing rope's ~10 elementwise ops and two index_put's."),
-    Move("attention", ("torch", "triton_split_kv", "torch_per_seq"), "torch",
+    Move("attention", ("torch", "triton_split_kv", "torch_per_seq", "triton_fused"), "torch",
          "Decode attention as Triton split-KV flash-decoding with GQA: reads each slot's keys once, only up to "
          "its own length, with enough splits to fill the GPU at batch 1. Essential under CUDA graphs, where the "
          "torch path must attend over the whole max_seq_len cache with a mask. 'torch_per_seq' loops over the "
-         "batch attending over views of each slot's cache (no gather copy; not graph-safe): the CPU's choice."),
+         "batch attending over views of each slot's cache (no gather copy; not graph-safe): the CPU's choice. "
+         "'triton_fused' (decode): the split-KV kernel also does RoPE, Qwen3's q/k norms and the KV-cache write "
+         "(the rope option then serves prefill only), and the last split of each KV head to finish merges the "
+         "splits: one kernel between the QKV and O projections instead of three."),
     Move("kv_layout", ("head_major", "token_major"), "head_major",
          "KV cache storage: [slots, heads, seq, D] (the reference's; each head's keys contiguous, best for "
          "split-KV reads) or [slots, seq, heads, D] (a token's heads contiguous: cheaper cache writes, "

@@ -75,3 +75,32 @@ def test_per_seq_attention_paths_agree(gen, slots, kv_lens):
     s, n = torch.tensor(slots), torch.tensor(kv_lens)
     out = decode_attention_per_seq(q, k_cache, v_cache, s, n)
     torch.testing.assert_close(out, _expected(q, k_cache, v_cache, s, n), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(("hq", "hkv", "num_splits", "qk_norm"), [(4, 2, None, False), (8, 1, 3, True), (4, 4, 1, True)])
+def test_rope_cache_attention_is_rope_and_cache_then_attention(gen, impl, hq, hkv, num_splits, qk_norm):
+    """The fused kernel against its two steps: the same output, and the same caches afterwards (the new
+    token's rotated k and its v written, nothing else touched)."""
+    from athanor.kernels import NewToken, rope_and_cache, rope_cache_attention
+
+    b, d, max_len, slots_n = 3, 16, 200, 5
+    qkv = torch.randn(b, hq + 2 * hkv, d, generator=gen)  # q, k, v as views of one fused projection
+    q, k, v = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
+    cos, sin = torch.randn(max_len, d, generator=gen), torch.randn(max_len, d, generator=gen)
+    norms = (torch.randn(d, generator=gen), torch.randn(d, generator=gen)) if qk_norm else (None, None)
+    caches = [torch.randn(slots_n, hkv, max_len, d, generator=gen) for _ in range(2)]
+    slots = torch.randperm(slots_n, generator=gen)[:b]
+    positions = torch.tensor([0, int(torch.randint(1, 70, (1,), generator=gen)), max_len - 1])
+    kv_lens = positions + 1
+    expected_k, expected_v = caches[0].clone(), caches[1].clone()
+    rq = rope_and_cache(q, k, v, cos, sin, positions, slots, expected_k, expected_v, impl="torch",
+                        q_norm=norms[0], k_norm=norms[1], eps=1e-6)
+    expected = _expected(rq, expected_k, expected_v, slots, kv_lens)
+    new = NewToken(k, v, cos, sin, positions, q_norm=norms[0], k_norm=norms[1], eps=1e-6)
+    for _ in range(2):  # twice: the split tickets are reset for the next launch
+        k_cache, v_cache = caches[0].clone(), caches[1].clone()
+        out = rope_cache_attention(q, new, k_cache, v_cache, slots, kv_lens, num_splits=num_splits, impl=impl)
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(k_cache, expected_k, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(v_cache, expected_v)

@@ -15,13 +15,22 @@ IMPLS = [pytest.param("triton", marks=triton_only), "torch"]
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize(("scoring", "renormalize", "with_bias"),
                          [("softmax", True, False), ("softmax", False, True), ("sigmoid", True, True)])
-def test_route_matches_reference(gen, impl, scoring, renormalize, with_bias):
-    logits = torch.randn(7, 20, generator=gen)
-    bias = torch.randn(20, generator=gen) * 0.1 if with_bias else None
-    ids, weights = route(logits, 4, scoring, renormalize, bias, impl=impl)
-    ref_ids, ref_weights = reference.route(logits, 4, scoring, renormalize, bias)
+@pytest.mark.parametrize(("experts", "top_k"), [(20, 4), (128, 8)])  # one chunk of rivals, and four
+def test_route_matches_reference(gen, impl, scoring, renormalize, with_bias, experts, top_k):
+    logits = torch.randn(7, experts, generator=gen)
+    bias = torch.randn(experts, generator=gen) * 0.1 if with_bias else None
+    ids, weights = route(logits, top_k, scoring, renormalize, bias, impl=impl)
+    ref_ids, ref_weights = reference.route(logits, top_k, scoring, renormalize, bias)
     assert torch.equal(ids, ref_ids)
     torch.testing.assert_close(weights, ref_weights, rtol=1e-5, atol=1e-6)
+
+
+@triton_only
+def test_route_kernel_breaks_ties_by_lower_index():
+    """Deterministic among equal scores (torch.topk's order among ties is unspecified: on CPU it gave 3, 5, 1, 4)."""
+    logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, 1.0, 2.0]])  # three equal best, two equal next
+    ids, _ = route(logits, 4, "softmax", True, impl="triton")
+    assert ids.tolist() == [[1, 3, 5, 2]]
 
 
 def test_group_by_expert_blocks_hold_one_expert_each(gen):

@@ -1,11 +1,19 @@
 """Split-KV flash-decoding with GQA over the reference's per-slot KV layout.
 
-Stage 1: grid (batch, kv heads, splits). Each program takes the query heads that share one KV
-head (a [G, D] tile, padded to 16 rows for tl.dot) and one slice of its sequence's keys, and
-writes a partial output and log-sum-exp. The slice length is derived *inside* the kernel from the
+Grid (batch, kv heads, splits). Each program takes the query heads that share one KV head (a
+[G, D] tile, padded to 16 rows for tl.dot) and one slice of its sequence's keys, and writes a
+partial output and log-sum-exp. The slice length is derived *inside* the kernel from the
 sequence's own length (cdiv(kv_len, splits)), so the grid is static (CUDA-graph safe) while every
 split has work whether the context is 100 or 100k tokens.
-Stage 2: grid (batch, q heads) merges the splits by their log-sum-exp.
+
+The splits are merged by their log-sum-exp either by `decode_attention_merge_kernel` (grid
+(batch, q heads)) or, under MERGE, by the last split program of each (sequence, KV head) to
+finish, found by an atomic ticket as in the split-K GEMVs: one launch instead of two.
+
+Under ROPE the kernel also does what `rope_and_cache` does before it: it rotates (and under QK_NORM
+RMS-norms) the raw q in registers, and the program whose slice holds the new token's position
+writes the rotated k and the v into the cache before reading its slice. So a decode layer's
+attention is one kernel between the QKV and O projections.
 """
 
 from __future__ import annotations
@@ -15,12 +23,36 @@ import triton.language as tl
 
 
 @triton.jit
+def rope_rows(ROWS, row_offs, mask, d, cos, sin, NW, eps, QK_NORM: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Rows ROWS + row_offs[r] of a head ([R, HEAD_DIM] in ROWS' dtype) rotated in HF's rotate-half
+    layout by cos/sin ([HEAD_DIM] fp32: the position's table rows), in fp32 and rounded once; under
+    QK_NORM each row is first RMS-normed with NW, rounded as `rms_norm` rounds ((x * rstd) to the
+    dtype, times w). Rows outside `mask` ([R, 1]) come back as zeros."""
+    partner = (d + HEAD_DIM // 2) % HEAD_DIM  # rotate_half(x)[d] = -x[d + D/2] (first half), x[d - D/2]
+    ptrs = ROWS + row_offs[:, None]
+    x = tl.load(ptrs + d[None, :], mask=mask, other=0.0)
+    dtype = x.dtype
+    xf = x.to(tl.float32)
+    xp = tl.load(ptrs + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+    if QK_NORM:
+        rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / HEAD_DIM + eps)[:, None]
+        w = tl.load(NW + d).to(tl.float32)[None, :]
+        wp = tl.load(NW + partner).to(tl.float32)[None, :]
+        xf = (w * (xf * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+        xp = (wp * (xp * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+    sign = tl.where(d < HEAD_DIM // 2, -1.0, 1.0)[None, :]
+    return tl.where(mask, xf * cos[None, :] + sign * xp * sin[None, :], 0.0).to(dtype)
+
+
+@triton.jit
 def decode_attention_split_kernel(
-    Q, K_CACHE, V_CACHE, SLOTS, KV_LENS, O_PART, LSE_PART,
-    q_s0, q_s1, c_s0, c_s1, c_s2, o_s0, o_s1, o_s2, l_s0, l_s1,
+    Q, K_CACHE, V_CACHE, SLOTS, KV_LENS, O_PART, LSE_PART, OUT, TICKETS,
+    K_NEW, V_NEW, COS, SIN, POS, QN, KN, eps,
+    q_s0, q_s1, kn_s0, kn_s1, vn_s0, vn_s1, c_s0, c_s1, c_s2, o_s0, o_s1, o_s2, l_s0, l_s1, out_s0, out_s1,
     scale,
     GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
+    ROPE: tl.constexpr, QK_NORM: tl.constexpr, MERGE: tl.constexpr, PDL: tl.constexpr,
 ):
     if PDL:  # programmatic dependent launch: wait for the kernel that wrote q and the cache
         tl.extra.cuda.gdc_wait()
@@ -37,8 +69,22 @@ def decode_attention_split_kernel(
     d = tl.arange(0, HEAD_DIM)
     heads = hk * GROUP + g
     g_mask = g < GROUP
-    q = tl.load(Q + b * q_s0 + heads[:, None] * q_s1 + d[None, :], mask=g_mask[:, None], other=0.0)  # [G, D]
     kv_base = slot.to(tl.int64) * c_s0 + hk * c_s1
+    if ROPE:
+        pos = tl.load(POS + b)
+        cos = tl.load(COS + pos * HEAD_DIM + d).to(tl.float32)
+        sin = tl.load(SIN + pos * HEAD_DIM + d).to(tl.float32)
+        q = rope_rows(Q + b * q_s0, heads * q_s1, g_mask[:, None], d, cos, sin, QN, eps, QK_NORM, HEAD_DIM)
+        if (pos >= start) & (pos < end):  # this slice reads the new token: write it to the cache first
+            one = tl.zeros([1], tl.int32)
+            k_new = rope_rows(K_NEW + b * kn_s0 + hk * kn_s1, one, one[:, None] == 0, d, cos, sin, KN, eps,
+                              QK_NORM, HEAD_DIM)
+            new_offs = kv_base + pos * c_s2 + d[None, :]
+            tl.store(K_CACHE + new_offs, k_new)
+            tl.store(V_CACHE + new_offs, tl.load(V_NEW + b * vn_s0 + hk * vn_s1 + one[:, None] + d[None, :]))
+        tl.debug_barrier()  # the whole program sees those stores before its loop reads them back
+    else:
+        q = tl.load(Q + b * q_s0 + heads[:, None] * q_s1 + d[None, :], mask=g_mask[:, None], other=0.0)  # [G, D]
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
@@ -60,10 +106,38 @@ def decode_attention_split_kernel(
 
     has_keys = l_i > 0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
-    lse = tl.where(has_keys, m_i + tl.log(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-    o_ptrs = O_PART + b * o_s0 + heads[:, None] * o_s1 + split * o_s2 + d[None, :]
-    tl.store(o_ptrs, out, mask=g_mask[:, None])
-    tl.store(LSE_PART + b * l_s0 + heads * l_s1 + split, lse, mask=g_mask)
+    if MERGE and NUM_SPLITS == 1:  # nothing to merge: the output directly
+        tl.store(OUT + b * out_s0 + heads[:, None] * out_s1 + d[None, :], out.to(OUT.dtype.element_ty),
+                 mask=g_mask[:, None])
+    else:
+        lse = tl.where(has_keys, m_i + tl.log(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+        o_ptrs = O_PART + b * o_s0 + heads[:, None] * o_s1 + split * o_s2 + d[None, :]
+        tl.store(o_ptrs, out, mask=g_mask[:, None])
+        tl.store(LSE_PART + b * l_s0 + heads * l_s1 + split, lse, mask=g_mask)
+        if MERGE:
+            tl.debug_barrier()  # every thread's partial is written before the ticket releases them
+            ticket_ptr = TICKETS + b * tl.num_programs(1) + hk
+            if tl.atomic_add(ticket_ptr, 1) == NUM_SPLITS - 1:  # acq_rel: the last split sees every partial
+                for j in tl.static_range(GROUP):
+                    h = hk * GROUP + j
+                    merge_head(O_PART + b * o_s0 + h * o_s1, LSE_PART + b * l_s0 + h * l_s1,
+                               OUT + b * out_s0 + h * out_s1, o_s2, NUM_SPLITS, BLOCK_S, HEAD_DIM)
+                tl.atomic_xchg(ticket_ptr, 0)  # ready for the next launch (CUDA-graph replays included)
+
+
+@triton.jit
+def merge_head(PART, LSE, OUT, o_s2, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """One head's output from its splits' partial outputs (PART + s * o_s2) and log-sum-exps (LSE + s),
+    read from L2 (.cg: another program of the launch may have written them)."""
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, HEAD_DIM)
+    s_mask = s < NUM_SPLITS
+    lse = tl.load(LSE + s, mask=s_mask, other=float("-inf"), cache_modifier=".cg")
+    m = tl.max(lse, axis=0)  # finite: split 0 always holds the sequence's first key
+    w = tl.exp(lse - m)
+    w = w / tl.sum(w, axis=0)
+    parts = tl.load(PART + s[:, None] * o_s2 + d[None, :], mask=s_mask[:, None], other=0.0, cache_modifier=".cg")
+    tl.store(OUT + d, tl.sum(parts * w[:, None], axis=0).to(OUT.dtype.element_ty))
 
 
 @triton.jit
@@ -76,13 +150,5 @@ def decode_attention_merge_kernel(
         tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)
     h = tl.program_id(1)
-    s = tl.arange(0, BLOCK_S)
-    d = tl.arange(0, HEAD_DIM)
-    s_mask = s < NUM_SPLITS
-    lse = tl.load(LSE_PART + b * l_s0 + h * l_s1 + s, mask=s_mask, other=float("-inf"))
-    m = tl.max(lse, axis=0)  # finite: split 0 always holds the sequence's first key
-    w = tl.exp(lse - m)
-    w = w / tl.sum(w, axis=0)
-    parts = tl.load(O_PART + b * o_s0 + h * o_s1 + s[:, None] * o_s2 + d[None, :], mask=s_mask[:, None], other=0.0)
-    out = tl.sum(parts * w[:, None], axis=0)
-    tl.store(OUT + b * out_s0 + h * out_s1 + d, out.to(OUT.dtype.element_ty))
+    merge_head(O_PART + b * o_s0 + h * o_s1, LSE_PART + b * l_s0 + h * l_s1, OUT + b * out_s0 + h * out_s1, o_s2,
+               NUM_SPLITS, BLOCK_S, HEAD_DIM)

@@ -75,6 +75,7 @@ def fused_gemv_kernel(
         tile = pid_n * BLOCK_M * BLOCK_N + rm[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
         stride = tl.num_programs(0) * BLOCK_M * BLOCK_N
         tl.store(WS + tl.program_id(1) * stride + tile, acc)
+        tl.debug_barrier()  # every thread's partial is written before the ticket releases them
         ticket = tl.atomic_add(TICKETS + pid_n, 1)  # acq_rel: the partials above are visible to the last
         if ticket == SPLIT_K - 1:
             acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -156,7 +157,7 @@ def expert_gemv_kernel(
     N, N2, K, eps,
     x_s0, w_se, w_sn, w2_se, w2_sn, r_s0, y_s0,
     SHARED: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr, SUM: tl.constexpr, RESIDUAL: tl.constexpr,
-    TOP_K: tl.constexpr,
+    TOP_K: tl.constexpr, SETTLED: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
     """A few tokens' routed experts, their ids read on the device: grid (strips of N + N2, tokens * TOP_K).
@@ -167,8 +168,13 @@ def expert_gemv_kernel(
     hidden state, RMS-normed with NW under NORM) or of the pair, SiLU-mul'ed with X2's under SILU. Without SUM it writes row
     p of Y [pairs, N + N2]; with SUM (the down projection) the TOP_K programs of a token's strip are
     reduced like split-K, each partial scaled by its routing weight TOPW[p] in fp32, and the last one
-    writes the token's row of Y [tokens, N], plus the residual under RESIDUAL."""
-    if PDL:  # the ids come from the routing kernel just before: nothing can be read ahead of it
+    writes the token's row of Y [tokens, N], plus the residual under RESIDUAL.
+
+    PDL: the program waits for the previous kernel before reading the ids (they come from the routing
+    kernel), unless SETTLED (see `expert_gemv`): then it reads them and its first weight tile first.
+    Either way it lets the next kernel start right after its wait, so a SETTLED launch after this one
+    finds every kernel before this one finished."""
+    if PDL and not SETTLED:
         tl.extra.cuda.gdc_wait()
     pid_n = tl.program_id(0)
     pair = tl.program_id(1)
@@ -177,28 +183,33 @@ def expert_gemv_kernel(
     second = pid_n >= strips1
     col = (pid_n - strips1 * second.to(tl.int32)) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = col < tl.where(second, N2, N)
-    e = tl.load(IDS + pair).to(tl.int64)
+    e = tl.load(IDS + pair, cache_modifier=".cg").to(tl.int64)  # from L2: written by another launch
     w_rows = tl.where(second, W2 + e * w2_se + col[:, None].to(tl.int64) * w2_sn,
                       W + e * w_se + col[:, None].to(tl.int64) * w_sn)
-    row = token if SHARED else pair
     rk = tl.arange(0, BLOCK_K)
+    w_first = tl.load(w_rows + rk[None, :], mask=n_mask[:, None] & (rk < K)[None, :], other=0.0)
+    if PDL:
+        if SETTLED:
+            tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    row = token if SHARED else pair
     rm = tl.arange(0, 1)
     rstd = tl.zeros([1], tl.float32)
     if NORM:
         rstd += _row_rstd(X + row * x_s0, K, eps, rk, 1, BLOCK_K)
     acc = tl.zeros([1, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    acc = _tile(acc, w_first, rk, K, X + row * x_s0, X2 + row * x_s0, NW, 1, 0, 0, rstd, rm, NORM, SILU, 1)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         ks = k0 + rk
         w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & (ks < K)[None, :], other=0.0)
         acc = _tile(acc, w, ks, K, X + row * x_s0, X2 + row * x_s0, NW, 1, 0, 0, rstd, rm, NORM, SILU, 1)
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
     mask = n_mask[None, :]
     if SUM:
         acc *= tl.load(TOPW + pair)
         strips = tl.num_programs(0)
         tile = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
         tl.store(WS + pair * strips * BLOCK_N + tile, acc)
+        tl.debug_barrier()
         ticket = tl.atomic_add(TICKETS + token * strips + pid_n, 1)  # acq_rel, as in fused_gemv_kernel
         if ticket == TOP_K - 1:
             acc = tl.zeros([1, BLOCK_N], tl.float32)
@@ -218,6 +229,6 @@ def _expert_configs() -> list[triton.Config]:
 
 
 expert_gemv_tuned = triton.autotune(configs=_expert_configs(),
-                                    key=["N", "N2", "K", "SHARED", "NORM", "SILU", "SUM", "TOP_K", "PDL"])(
+                                    key=["N", "N2", "K", "SHARED", "NORM", "SILU", "SUM", "TOP_K", "SETTLED", "PDL"])(
     expert_gemv_kernel)
 """`expert_gemv_kernel` with blocks chosen per shape on the GPU."""

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from athanor.kernels import (
+    NewToken,
     add_rms_norm,
     decode_attention,
     decode_attention_per_seq,
@@ -30,6 +31,7 @@ from athanor.kernels import (
     rms_norm,
     rope,
     rope_and_cache,
+    rope_cache_attention,
     use_triton,
 )
 from athanor.kernels import route as route_kernel
@@ -259,6 +261,10 @@ class FastForward:
                 kv_lens: Tensor) -> Tensor:
         """q/k-norm and rotate q and k, write k and v into layer i's cache, attend over kv_lens keys: [B, Hq, D]."""
         kc, vc = self.k_cache[i], self.v_cache[i]
+        static = bool(OPTIONS["graphs"]) or OPTIONS["compile"] is not None
+        if OPTIONS["attention"] == "triton_fused":  # RoPE, the q/k norms and the cache write inside attention
+            new = NewToken(k, v, self.cos, self.sin, positions, layer.q_norm, layer.k_norm, self.eps)
+            return rope_cache_attention(q, new, kc, vc, slots, kv_lens, static=static, impl=impl("attention"))
         if OPTIONS["rope"] == "triton_fused_cache":  # the q/k norms inside the same kernel
             q = rope_and_cache(q, k, v, self.cos, self.sin, positions, slots, kc, vc, q_norm=layer.q_norm,
                                k_norm=layer.k_norm, eps=self.eps)
@@ -269,7 +275,6 @@ class FastForward:
             vc[slots, :, positions] = v
         if OPTIONS["attention"] == "torch_per_seq":
             return decode_attention_per_seq(q, kc, vc, slots, kv_lens)
-        static = bool(OPTIONS["graphs"]) or OPTIONS["compile"] is not None
         return decode_attention(q.contiguous(), kc, vc, slots, kv_lens, static=static, impl=impl("attention"))
 
     def decode_layers(self, tokens: Tensor, positions: Tensor, slots: Tensor) -> Tensor:
@@ -328,7 +333,7 @@ class FastForward:
         gate_up = expert_gemv(h, w, topk_ids, w2=w2, norm_weight=layer.mlp_norm, eps=self.eps)
         width = gate_up.shape[1] // 2
         return expert_gemv(gate_up[:, :width], layer.experts_down, topk_ids, up=gate_up[:, width:],
-                           topk_weights=topk_weights, residual=h)
+                           topk_weights=topk_weights, residual=h, settled=True)
 
     def decode(self, batch: DecodeBatch) -> Tensor:
         return self._decode_layers(batch.tokens, batch.positions, batch.slots)

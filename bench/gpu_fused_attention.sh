@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One device call (< 10 min on an H200), issue 7: attention as one kernel per layer (RoPE, Qwen3's q/k
+# norms, the KV-cache write, split-KV attention and the ticket merge of its splits: `attention=triton_fused`)
+# and routing by rank in one short PDL kernel, with the expert down GEMV reading its ids and first weight
+# tile before it waits. The GPU tests (kernels, engine, serving), then batch-1 decode at context 1024 per
+# kernel for the three models' best-known candidate, and for 1B and qwen3 the same with attention as
+# split kernel + merge kernel (`attention=triton_split_kv`, the previous best) as the A/B. JSON under $OUT.
+#   ATHANOR_COMMIT=$(git rev-parse HEAD) bash bench/gpu_fused_attention.sh
+source "$(dirname "$0")/_gpu_env.sh"
+timeout 250 python3 -m pytest -q -s -m gpu tests/gpu/test_kernels_gpu.py tests/gpu/test_serve_gpu.py \
+  tests/gpu/test_engine_gpu.py > "$OUT/gpu_tests.log" 2>&1
+grep -E "rope_cache_attention|passed|failed|FAILED|Error" "$OUT/gpu_tests.log" | tail -20
+split=/tmp/split_kv.py
+python3 -c 'from athanor.moves import best_options, render; from athanor.model.presets import PRESETS
+print(render("fast", {**best_options(PRESETS["llama-3.2-1b"]), "attention": "triton_split_kv"}))' > $split
+cells=llama-3.2-1b:best:1:1024,qwen3-30b-a3b:best:1:1024,llama-3.1-8b:best:1:1024
+timeout 300 python3 bench/decode_matrix.py --kernels --budget 250 \
+  --cells $cells,llama-3.2-1b:$split:1:1024,qwen3-30b-a3b:$split:1:1024 2>&1 | tail -3
+python3 - "$OUT" <<'PY'
+import json, pathlib, sys
+for f in sorted(pathlib.Path(sys.argv[1]).glob("decode_*_b1_c1024.json")):
+    r = json.loads(f.read_text())
+    if "kernels" not in r:
+        print(f.stem, r.get("status"), r.get("error", "")[-300:]); continue
+    print(f"\n{f.stem}: {r['ms_per_token']:.3f} ms/token, kernels {r['kernel_us_per_step']:.0f} us "
+          f"({r['kernel_count_per_step']:.0f} launches), gaps {r['gap_us_per_step']:.0f} us")
+    for k in r["kernels"][:9]:
+        print(f"  {k['us_per_step']:8.1f} us  x{k['calls_per_step']:5.1f}  {k['name'][:90]}")
+PY
