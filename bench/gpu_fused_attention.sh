@@ -2,13 +2,15 @@
 # One device call (< 10 min on an H200), issue 7: attention as one kernel per layer (RoPE, Qwen3's q/k
 # norms, the KV-cache write, split-KV attention and the ticket merge of its splits: `attention=triton_fused`)
 # and routing by rank in one short PDL kernel, with the expert down GEMV reading its ids and first weight
-# tile before it waits. The GPU tests (kernels, engine, serving), then batch-1 decode at context 1024 per
-# kernel for the three models' best-known candidate, and for 1B and qwen3 the same with attention as
-# split kernel + merge kernel (`attention=triton_split_kv`, the previous best) as the A/B. JSON under $OUT.
-#   ATHANOR_COMMIT=$(git rev-parse HEAD) bash bench/gpu_fused_attention.sh
+# tile before it waits. The GPU tests (TESTS=kernels: the kernel tests only; default: kernels, engine,
+# serving), then batch-1 decode at context 1024 per kernel for the three models' best-known candidate, and
+# for 1B and qwen3 the same with attention as split kernel + merge kernel (`attention=triton_split_kv`)
+# as the A/B. JSON under $OUT.
+#   ATHANOR_COMMIT=$(git rev-parse HEAD) [TESTS=kernels] bash bench/gpu_fused_attention.sh
 source "$(dirname "$0")/_gpu_env.sh"
-timeout 250 python3 -m pytest -q -s -m gpu tests/gpu/test_kernels_gpu.py tests/gpu/test_serve_gpu.py \
-  tests/gpu/test_engine_gpu.py > "$OUT/gpu_tests.log" 2>&1
+tests="tests/gpu/test_kernels_gpu.py tests/gpu/test_serve_gpu.py tests/gpu/test_engine_gpu.py"
+[ "${TESTS:-}" = kernels ] && tests=tests/gpu/test_kernels_gpu.py
+timeout 250 python3 -m pytest -q -s -m gpu $tests > "$OUT/gpu_tests.log" 2>&1
 grep -E "rope_cache_attention|passed|failed|FAILED|Error" "$OUT/gpu_tests.log" | tail -20
 split=/tmp/split_kv.py
 python3 -c 'from athanor.moves import best_options, render; from athanor.model.presets import PRESETS

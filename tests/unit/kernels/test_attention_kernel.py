@@ -78,13 +78,15 @@ def test_per_seq_attention_paths_agree(gen, slots, kv_lens):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize(("hq", "hkv", "num_splits", "qk_norm"), [(4, 2, None, False), (8, 1, 3, True), (4, 4, 1, True)])
-def test_rope_cache_attention_is_rope_and_cache_then_attention(gen, impl, hq, hkv, num_splits, qk_norm):
+@pytest.mark.parametrize(("hq", "hkv", "num_splits", "qk_norm", "d"),
+                         [(4, 2, None, False, 16), (8, 1, 3, True, 16), (4, 4, 1, True, 16),
+                          (8, 1, 6, False, 128)])  # the merge in chunks of 4 splits ([8, 4, 128] tiles)
+def test_rope_cache_attention_is_rope_and_cache_then_attention(gen, impl, hq, hkv, num_splits, qk_norm, d):
     """The fused kernel against its two steps: the same output, and the same caches afterwards (the new
     token's rotated k and its v written, nothing else touched)."""
     from athanor.kernels import NewToken, rope_and_cache, rope_cache_attention
 
-    b, d, max_len, slots_n = 3, 16, 200, 5
+    b, max_len, slots_n = 3, 200, 5
     qkv = torch.randn(b, hq + 2 * hkv, d, generator=gen)  # q, k, v as views of one fused projection
     q, k, v = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
     cos, sin = torch.randn(max_len, d, generator=gen), torch.randn(max_len, d, generator=gen)

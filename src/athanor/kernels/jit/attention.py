@@ -51,8 +51,8 @@ def decode_attention_split_kernel(
     q_s0, q_s1, kn_s0, kn_s1, vn_s0, vn_s1, c_s0, c_s1, c_s2, o_s0, o_s1, o_s2, l_s0, l_s1, out_s0, out_s1,
     scale,
     GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
-    ROPE: tl.constexpr, QK_NORM: tl.constexpr, MERGE: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
+    S_CHUNK: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr, MERGE: tl.constexpr, PDL: tl.constexpr,
 ):
     if PDL:  # programmatic dependent launch: wait for the kernel that wrote q and the cache
         tl.extra.cuda.gdc_wait()
@@ -118,37 +118,46 @@ def decode_attention_split_kernel(
             tl.debug_barrier()  # every thread's partial is written before the ticket releases them
             ticket_ptr = TICKETS + b * tl.num_programs(1) + hk
             if tl.atomic_add(ticket_ptr, 1) == NUM_SPLITS - 1:  # acq_rel: the last split sees every partial
-                for j in tl.static_range(GROUP):
-                    h = hk * GROUP + j
-                    merge_head(O_PART + b * o_s0 + h * o_s1, LSE_PART + b * l_s0 + h * l_s1,
-                               OUT + b * out_s0 + h * out_s1, o_s2, NUM_SPLITS, BLOCK_S, HEAD_DIM)
+                hh = tl.arange(0, BLOCK_H)
+                merge_heads(O_PART + b * o_s0, LSE_PART + b * l_s0, OUT + b * out_s0, hk * GROUP + hh, hh < GROUP,
+                            o_s1, o_s2, l_s1, out_s1, NUM_SPLITS, BLOCK_H, BLOCK_S, S_CHUNK, HEAD_DIM)
                 tl.atomic_xchg(ticket_ptr, 0)  # ready for the next launch (CUDA-graph replays included)
 
 
 @triton.jit
-def merge_head(PART, LSE, OUT, o_s2, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """One head's output from its splits' partial outputs (PART + s * o_s2) and log-sum-exps (LSE + s),
-    read from L2 (.cg: another program of the launch may have written them)."""
+def merge_heads(PART, LSE, OUT, heads, h_mask, o_s1, o_s2, l_s1, out_s1, NUM_SPLITS: tl.constexpr,
+                BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, S_CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """The outputs of BLOCK_H heads from their splits' partial outputs and log-sum-exps, every head's
+    partials loaded together, S_CHUNK splits at a time (a [BLOCK_H, S_CHUNK, HEAD_DIM] tile: one L2 round
+    trip per chunk, not one per head). Read from L2 (.cg): another program of the launch wrote them."""
     s = tl.arange(0, BLOCK_S)
+    lse = tl.load(LSE + heads[:, None] * l_s1 + s[None, :], mask=h_mask[:, None] & (s < NUM_SPLITS)[None, :],
+                  other=float("-inf"), cache_modifier=".cg")
+    m = tl.where(h_mask, tl.max(lse, axis=1), 0.0)  # finite: split 0 always holds the sequence's first key
+    denom = tl.where(h_mask, tl.sum(tl.exp(lse - m[:, None]), axis=1), 1.0)
     d = tl.arange(0, HEAD_DIM)
-    s_mask = s < NUM_SPLITS
-    lse = tl.load(LSE + s, mask=s_mask, other=float("-inf"), cache_modifier=".cg")
-    m = tl.max(lse, axis=0)  # finite: split 0 always holds the sequence's first key
-    w = tl.exp(lse - m)
-    w = w / tl.sum(w, axis=0)
-    parts = tl.load(PART + s[:, None] * o_s2 + d[None, :], mask=s_mask[:, None], other=0.0, cache_modifier=".cg")
-    tl.store(OUT + d, tl.sum(parts * w[:, None], axis=0).to(OUT.dtype.element_ty))
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
+    for s0 in tl.static_range(0, BLOCK_S, S_CHUNK):
+        sc = s0 + tl.arange(0, S_CHUNK)
+        mask = h_mask[:, None] & (sc < NUM_SPLITS)[None, :]
+        lse_c = tl.load(LSE + heads[:, None] * l_s1 + sc[None, :], mask=mask, other=float("-inf"), cache_modifier=".cg")
+        w = tl.exp(lse_c - m[:, None]) / denom[:, None]  # [H, S_CHUNK]
+        parts = tl.load(PART + heads[:, None, None] * o_s1 + sc[None, :, None] * o_s2 + d[None, None, :],
+                        mask=mask[:, :, None], other=0.0, cache_modifier=".cg")
+        acc += tl.sum(parts * w[:, :, None], axis=1)
+    tl.store(OUT + heads[:, None] * out_s1 + d[None, :], acc.to(OUT.dtype.element_ty), mask=h_mask[:, None])
 
 
 @triton.jit
 def decode_attention_merge_kernel(
     O_PART, LSE_PART, OUT,
     o_s0, o_s1, o_s2, l_s0, l_s1, out_s0, out_s1,
-    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr, PDL: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, S_CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     if PDL:
         tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)
-    h = tl.program_id(1)
-    merge_head(O_PART + b * o_s0 + h * o_s1, LSE_PART + b * l_s0 + h * l_s1, OUT + b * out_s0 + h * out_s1, o_s2,
-               NUM_SPLITS, BLOCK_S, HEAD_DIM)
+    head = tl.program_id(1) + tl.arange(0, 1)
+    merge_heads(O_PART + b * o_s0, LSE_PART + b * l_s0, OUT + b * out_s0, head, head >= 0, o_s1, o_s2, l_s1, out_s1,
+                NUM_SPLITS, 1, BLOCK_S, S_CHUNK, HEAD_DIM)
