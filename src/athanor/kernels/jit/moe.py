@@ -38,9 +38,9 @@ def route_kernel(
     # ties), counted against CHUNK experts at a time; the k of rank < k are stored at their rank, so
     # the ids come out in descending order, as torch.topk's. Two reductions instead of 2k, each a
     # cross-warp round trip: ~4.4 us -> ~1 us a layer at 128 experts.
-    if PDL:  # the logits come from the kernel before; then the expert kernel after may become resident
-        tl.extra.cuda.gdc_wait()
+    if PDL:  # the expert kernel after may become resident now; the logits come from the kernel before
         tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     row = LOGITS + tl.program_id(0) * l_s0
     e = tl.arange(0, BLOCK_E)
     e_mask = e < E
