@@ -67,12 +67,7 @@ def pdl(t: Tensor) -> dict[str, Any]:
     kernel before it drains, do what needs none of its results (a GEMV issues its first weight
     loads), then wait at `gdc_wait` for it to finish. Every decode kernel pays a launch and a ramp
     of a microsecond or two; at batch 1 they are 150 kernels of a 1 ms step. Off on the CPU
-    interpreter (no inline PTX there), before Hopper, and with ATHANOR_PDL=0 (to measure it).
-
-    Each kernel lets the next one launch (`gdc_launch_dependents`) right after its own wait, so a
-    kernel that starts finds every kernel two launches back finished (`expert_gemv(settled=True)`
-    reads its ids early on that ground). The fused GEMV triggers before its wait (`PDL_EARLY`): the
-    kernel after one may read early only what no kernel of the step writes (weights)."""
+    interpreter (no inline PTX there), before Hopper, and with ATHANOR_PDL=0 (to measure it)."""
     on = t.is_cuda and not interpreting() and _pdl_capable(t.device.index)
     return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
 

@@ -56,7 +56,6 @@ def decode_attention_split_kernel(
 ):
     if PDL:  # programmatic dependent launch: wait for the kernel that wrote q and the cache
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()  # the next kernel may become resident (see dispatch.pdl)
     b = tl.program_id(0)
     hk = tl.program_id(1)
     split = tl.program_id(2)
@@ -158,7 +157,6 @@ def decode_attention_merge_kernel(
 ):
     if PDL:
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()  # the next kernel may become resident (see dispatch.pdl)
     b = tl.program_id(0)
     head = tl.program_id(1) + tl.arange(0, 1)
     merge_heads(O_PART + b * o_s0, LSE_PART + b * l_s0, OUT + b * out_s0, head, head >= 0, o_s1, o_s2, l_s1, out_s1,

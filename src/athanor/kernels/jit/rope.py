@@ -19,7 +19,6 @@ def rope_kernel(
     # under QK_NORM: `rope_rows`).
     if PDL:  # launched before the projection that makes q, k, v has finished: wait for it
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()  # the next kernel may become resident (see dispatch.pdl)
     n = tl.program_id(0)
     h = tl.program_id(1)
     pos = tl.load(POS + n)
