@@ -67,7 +67,13 @@ def pdl(t: Tensor) -> dict[str, Any]:
     kernel before it drains, do what needs none of its results (a GEMV issues its first weight
     loads), then wait at `gdc_wait` for it to finish. Every decode kernel pays a launch and a ramp
     of a microsecond or two; at batch 1 they are 150 kernels of a 1 ms step. Off on the CPU
-    interpreter (no inline PTX there), before Hopper, and with ATHANOR_PDL=0 (to measure it)."""
+    interpreter (no inline PTX there), before Hopper, and with ATHANOR_PDL=0 (to measure it).
+
+    Only the GEMVs trigger the next launch explicitly (`PDL_EARLY`; `expert_gemv` right after its wait,
+    which `expert_gemv(settled=True)` relies on) and the routing kernel at its start; the RoPE,
+    attention and merge kernels let the next one launch as they exit. Triggering right after their
+    wait was measured worse on an H200 (llama-3.1-8b 4.284 -> 4.618 ms, qwen3-30b-a3b 2.753 -> 2.949 ms):
+    the O projection's programs, resident while attention runs, slow it down."""
     on = t.is_cuda and not interpreting() and _pdl_capable(t.device.index)
     return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
 

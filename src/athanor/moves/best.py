@@ -5,7 +5,11 @@ a kernel or fusion that removes work or launches at decode batch sizes on a Hopp
 `gemv` is the fused-GEMV layer (norms, SiLU-mul and residual adds inside the projections; batch 1
 on dense models, cuBLAS elsewhere): on the H200 it took batch-1 decode from 1.129 to 1.030 ms
 (llama-3.2-1b) and 4.591 to 4.474 ms (llama-3.1-8b). MoE keeps gate and up unfused because fusing
-copies two thirds of the model's weights.
+copies two thirds of the model's weights. `attention` stays split kernel + merge kernel: the one-kernel
+attention (`triton_fused`: RoPE, cache write and the merge inside) was slower in the whole step on the
+H200 (llama-3.2-1b 0.955 vs 0.938 ms, qwen3-30b-a3b 2.835 vs 2.753 ms; alone, 6.4 vs 6.6 us and 8.7 vs
+8.6 us a layer); likely because its heavier programs wait resident through the QKV projection's weight
+stream (a guess, not measured).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ BEST_CUDA: dict[str, Any] = {
     "fused_gate_up": True,
     "rmsnorm": "triton",
     "rope": "triton_fused_cache",
-    "attention": "triton_fused",
+    "attention": "triton_split_kv",
     "kv_layout": "head_major",
     "gemv": "triton_fused",
     "silu_mul": "triton",
