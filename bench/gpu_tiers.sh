@@ -5,14 +5,13 @@
 # First call:  ATHANOR_COMMIT=$(git rev-parse HEAD) bash bench/gpu_tiers.sh
 # Later calls: copy the returned tiers_run/ to .tiers_run/ in the checkout (git-ignored), carry it
 #              (carry [".whl", ".tiers_run"]) and run with RESUME=1.
-# --max-seqs 32: the fast and the slow tier each hold a candidate and a reference engine on the one GPU;
-# with compile's GPU default of 64 slots x 4096 tokens an 8B slow engine holds 32 GiB of KV cache next
-# to 16 GiB of weights and the fused copies, and the fourth engine ran out of memory (at edc7814).
+# The engine slots come from athanor.loop.memory (19 for the 8B on an H200): with the old default of 64,
+# and with --max-seqs 32 (at 24afa45), the fourth engine worker ran out of memory.
 source "$(dirname "$0")/_gpu_env.sh"
 mkdir -p "$OUT/tiers_run"
 flag=""
 if [ -n "${RESUME:-}" ]; then
   cp -r .tiers_run/. "$OUT/tiers_run/" && flag=--resume
 fi
-timeout 570 python3 bench/tiers.py --model llama-3.1-8b --device cuda --dtype bfloat16 --candidates 30 --max-seqs 32 \
+timeout 570 python3 bench/tiers.py --model llama-3.1-8b --device cuda --dtype bfloat16 --candidates 30 \
   --run-dir "$OUT/tiers_run" --time-limit 330 --out "$OUT" $flag 2>&1 | tail -12

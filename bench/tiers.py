@@ -191,7 +191,8 @@ def main() -> int:
                   f"  slow x{r['slow_speedup']:.3f} ({r['slow_stage']}, {r['slow_wall_s']:.0f} s)  {p.description[:60]}",
                   file=sys.stderr, flush=True)
     record = {"benchmark": "tiers", "model": args.model, "device": args.device, "traffic": args.traffic,
-              "fast_layers": config.evaluate_config("fast").fast_layers, "wall_s": time.perf_counter() - started,
+              "fast_layers": config.evaluate_config("fast").fast_layers,
+              "max_seqs": config.evaluate_config("slow").max_seqs, "wall_s": time.perf_counter() - started,
               "candidates": rows, **figures(rows), "equal_budget": equal_budget(rows, args.budget, config.reserve_s)}
     path = write(record, Path(args.out) / f"tiers_{args.model}_{args.device}.json")
     eb = record["equal_budget"]

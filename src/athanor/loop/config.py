@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,8 @@ from typing import Any
 from athanor.agents.config import AgentsConfig
 from athanor.errors import ConfigError
 from athanor.evaluate import EvaluateConfig, QualityBudget
+from athanor.loop.memory import MemoryPlan
+from athanor.model.device import DTYPES
 from athanor.model.registry import load_spec
 
 
@@ -69,7 +72,7 @@ class CompileConfig:
             model=self.model, device=self.device, dtype=self.dtype, tier=tier,
             fast_layers=self.fast_layers or max(2, load_spec(self.model).num_layers // 5),
             traffic=self.traffic, bitwise=self.bitwise, quality=self.quality,
-            max_seqs=self.max_seqs or (16 if self.on_cpu else 64),
+            max_seqs=self.max_seqs or (16 if self.on_cpu else self.gpu_plan.max_seqs),
             max_seq_len=self.max_seq_len or (1024 if self.on_cpu else 4096),
             seed=None,
         )
@@ -82,6 +85,17 @@ class CompileConfig:
         if tier == "slow":
             return replace(cpu, decode_pairs=10, prefill_pairs=4, warmup=1)
         return replace(cpu, decode_pairs=16, prefill_pairs=6)
+
+    @functools.cached_property
+    def gpu_plan(self) -> MemoryPlan:
+        """Engine slots when --max-seqs is not given on a GPU: up to 64, as many as the two tiers' four
+        engine workers can hold at once (`athanor.loop.memory`)."""
+        from athanor.loop.memory import device_bytes, plan_engine_slots
+
+        spec = load_spec(self.model)
+        itemsize = DTYPES[self.dtype].itemsize if self.dtype else 4  # "": as stored, fp32 for random presets
+        layers = (self.fast_layers or max(2, spec.num_layers // 5), spec.num_layers)
+        return plan_engine_slots(spec, itemsize, layers, self.max_seq_len or 4096, device_bytes(self.device), 64)
 
     @property
     def reserve_s(self) -> float:

@@ -157,7 +157,8 @@ class Session:
             self.emit(f"run {self.run_id}: {cfg.model} on {cfg.device}, traffic {cfg.traffic}, "
                       f"budget {cfg.budget_s:.0f} s, agents {', '.join(a.name for a in self.agents)}"
                       + (f", quality mode ({precision_flags(cfg.precision)})" if cfg.quality is not None else "")
-                      + (f", against incumbent {self.baseline.id} ({cfg.incumbent})" if self.incumbent else ""))
+                      + (f", against incumbent {self.baseline.id} ({cfg.incumbent})" if self.incumbent else "")
+                      + (f"; {cfg.gpu_plan.describe()}" if not cfg.on_cpu and not cfg.max_seqs else ""))
             self._search(fast, deadline - cfg.reserve_s)
             self._confirm(slow, deadline)
         except KeyboardInterrupt:

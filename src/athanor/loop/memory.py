@@ -1,0 +1,86 @@
+"""How many engine slots fit one GPU next to the compile loop's engines.
+
+A compile (or the tier benchmark) runs two tiers, each with two engine workers (`TierEngines`): the
+candidate engine holds the model's weights and three residents (incumbent, its twin, the challenger),
+the reference engine the weights and one resident. Every resident owns a KV cache for
+`max_seqs + 1` slots of `max_seq_len` tokens, and may own copies of layer weights (a fused QKV or
+gate/up projection copies them in build()). On one GPU all of it must fit at once: an 8B model at the
+GPU default of 64 slots x 4096 tokens needs 35 GiB of KV cache per resident, and the fourth engine ran
+out of memory on an H200. So when the slots are not given, the largest count that fits is taken.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from athanor.errors import ConfigError
+from athanor.model.spec import ModelSpec, layer_weight_shapes, weight_shapes
+
+GIB = 1 << 30
+RESIDENTS = (3, 1)
+"""Residents of a tier's candidate engine and reference engine."""
+COPYABLE = ("wq", "wk", "wv", "w_gate", "w_up", "shared.w_gate", "shared.w_up", "experts.w_gate", "experts.w_up")
+"""Layer weights a candidate may copy in build() (fused QKV and gate/up)."""
+PROCESS_OVERHEAD = 2 * GIB
+"""Per engine worker: the CUDA context, captured graphs' pools, activations, autotuning buffers."""
+USABLE_SHARE = 0.9
+"""Of the device's memory; the rest is left for fragmentation and whatever else runs there."""
+
+
+def _bytes(shapes: dict[str, tuple[int, ...]], itemsize: int, names: tuple[str, ...] | None = None) -> int:
+    total = 0
+    for name, shape in shapes.items():
+        if names is None or name in names:
+            n = 1
+            for s in shape:
+                n *= s
+            total += n * itemsize
+    return total
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Engine slots for one GPU and the bytes they were planned with."""
+
+    max_seqs: int
+    fixed_bytes: int
+    """Weights (two workers per tier) and the residents' possible weight copies, with per-worker overhead."""
+    kv_bytes_per_slot: int
+    """KV cache of one slot in every resident of both tiers."""
+    device_bytes: int
+
+    def describe(self) -> str:
+        used = self.fixed_bytes + (self.max_seqs + 1) * self.kv_bytes_per_slot
+        return (f"{self.max_seqs} engine slots: {used / GIB:.1f} of {self.device_bytes / GIB:.1f} GiB planned "
+                f"({self.fixed_bytes / GIB:.1f} GiB weights, copies and overhead; "
+                f"{self.kv_bytes_per_slot / GIB:.2f} GiB of KV cache per slot)")
+
+
+def plan_engine_slots(spec: ModelSpec, itemsize: int, tier_layers: tuple[int, ...], max_seq_len: int,
+                      device_bytes: int, wanted: int) -> MemoryPlan:
+    """The most slots (at most `wanted`) whose tiers' engines all fit `device_bytes`; a ConfigError naming
+    the flags to change when not even one does."""
+    fixed, per_slot = 0, 0
+    for layers in tier_layers:
+        sub = spec.with_layers(layers)
+        weights = _bytes(weight_shapes(sub), itemsize)
+        copies = layers * _bytes(layer_weight_shapes(sub), itemsize, COPYABLE)
+        residents = sum(RESIDENTS)
+        fixed += len(RESIDENTS) * (weights + PROCESS_OVERHEAD) + RESIDENTS[0] * copies
+        per_slot += residents * 2 * layers * spec.num_kv_heads * max_seq_len * spec.head_dim * itemsize
+    budget = int(device_bytes * USABLE_SHARE) - fixed
+    slots = min(wanted, budget // per_slot - 1) if budget > 0 else 0
+    if slots < 1:
+        raise ConfigError(
+            f"{spec.name}: the compile loop's engines do not fit this GPU ({device_bytes / GIB:.0f} GiB): "
+            f"{fixed / GIB:.0f} GiB of weights, weight copies and overhead before any KV cache, and "
+            f"{per_slot / GIB:.2f} GiB of KV cache per slot at --max-seq-len {max_seq_len}; pass a smaller "
+            f"--max-seq-len, a lower-precision --dtype, or a smaller model")
+    return MemoryPlan(max_seqs=slots, fixed_bytes=fixed, kv_bytes_per_slot=per_slot, device_bytes=device_bytes)
+
+
+def device_bytes(device: str) -> int:
+    """Total memory of a CUDA device ("cuda" or "cuda:N")."""
+    import torch
+
+    return int(torch.cuda.get_device_properties(torch.device(device)).total_memory)
