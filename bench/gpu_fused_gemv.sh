@@ -19,14 +19,4 @@ timeout 200 python3 bench/decode_matrix.py --kernels --budget 150 --cells \
 llama-3.2-1b:$fused:1:1024,llama-3.1-8b:$fused:1:1024 2>&1 | tail -4
 timeout 150 python3 -m athanor evaluate $fused --incumbent $best --model llama-3.2-1b --device cuda \
   --dtype bfloat16 --tier fast --json "$OUT/evaluate_fused_vs_best_1b.json" 2>&1 | tail -4
-python3 - "$OUT" <<'PY'
-import json, pathlib, sys
-for f in sorted(pathlib.Path(sys.argv[1]).glob("decode_*_b1_c1024.json")):
-    r = json.loads(f.read_text())
-    if "kernels" not in r:
-        print(f.stem, r.get("status"), r.get("error", "")[-300:]); continue
-    print(f"\n{f.stem}: {r['ms_per_token']:.3f} ms/token, kernels {r['kernel_us_per_step']:.0f} us "
-          f"({r['kernel_count_per_step']:.0f} launches), gaps {r['gap_us_per_step']:.0f} us")
-    for k in r["kernels"][:8]:
-        print(f"  {k['us_per_step']:8.1f} us  x{k['calls_per_step']:5.1f}  {k['name'][:90]}")
-PY
+python3 bench/kernel_table.py "$OUT" 8
