@@ -43,6 +43,10 @@ class VariantConfig:
     template: str = "fast"
 
 
+CUDA_ONLY = ("efficient_attention", "cudnn_attention")
+"""Option values that need CUDA (SDPA backends with no CPU kernel)."""
+
+
 def device_search_space(config: VariantConfig) -> dict[str, tuple[Any, ...]]:
     """The options worth searching on this device, and their values.
 
@@ -52,7 +56,7 @@ def device_search_space(config: VariantConfig) -> dict[str, tuple[Any, ...]]:
     space: dict[str, tuple[Any, ...]] = {}
     for name, values in search_space(config.moe, lossy=config.lossy).items():
         if config.device == "cpu":
-            values = tuple(v for v in values if not str(v).startswith("triton"))
+            values = tuple(v for v in values if not str(v).startswith("triton") and v not in CUDA_ONLY)
             if name in ("graphs", "gemv"):
                 continue
         if name == "compile" and not config.include_compile:

@@ -139,7 +139,8 @@ def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens:
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
         out.stride(0), out.stride(1), d**-0.5,
         GROUP=group, NUM_SPLITS=splits, HEAD_DIM=d, BLOCK_G=max(16, next_pow2(group)), BLOCK_N=BLOCK_N,
-        BLOCK_H=next_pow2(group), BLOCK_S=next_pow2(splits), S_CHUNK=_merge_chunk(next_pow2(group), splits, d), ROPE=new is not None, QK_NORM=norms, MERGE=new is not None, **pdl(q),
+        BLOCK_H=next_pow2(group), BLOCK_S=next_pow2(splits), S_CHUNK=_merge_chunk(next_pow2(group), splits, d),
+        ROPE=new is not None, QK_NORM=norms, MERGE=new is not None, **pdl(q),
     )
     if new is None:
         decode_attention_merge_kernel[(b, hq)](

@@ -10,8 +10,8 @@ from typing import Any
 from athanor.agents.config import AgentsConfig
 from athanor.errors import ConfigError
 from athanor.evaluate import EvaluateConfig, QualityBudget
-from athanor.loop.memory import MemoryPlan
-from athanor.model.device import DTYPES
+from athanor.loop.memory import MemoryPlan, device_bytes, plan_engine_slots
+from athanor.model.device import resolve_dtype
 from athanor.model.registry import load_spec
 
 
@@ -90,10 +90,11 @@ class CompileConfig:
     def gpu_plan(self) -> MemoryPlan:
         """Engine slots when --max-seqs is not given on a GPU: up to 64, as many as the two tiers' four
         engine workers can hold at once (`athanor.loop.memory`)."""
-        from athanor.loop.memory import device_bytes, plan_engine_slots
+        import torch
 
         spec = load_spec(self.model)
-        itemsize = DTYPES[self.dtype].itemsize if self.dtype else 4  # "": as stored, fp32 for random presets
+        # "": as stored, fp32 for the random presets
+        itemsize = resolve_dtype(self.dtype, torch.device(self.device)).itemsize if self.dtype else 4
         layers = (self.fast_layers or max(2, spec.num_layers // 5), spec.num_layers)
         return plan_engine_slots(spec, itemsize, layers, self.max_seq_len or 4096, device_bytes(self.device), 64)
 

@@ -60,6 +60,12 @@ MOVES: tuple[Move, ...] = (
          "(the rope option then serves prefill only), and the last split of each KV head to finish merges the "
          "splits: one kernel between the QKV and O projections instead of three. Measured on an H200 at batch 1: "
          "no faster alone, and 2-3% slower in the whole step, so not the best-known choice there."),
+    Move("sdpa", (None, "math", "efficient_attention", "cudnn_attention"), None,
+         "Prefill attention's scaled_dot_product_attention backend: None lets torch choose (flash attention "
+         "where it applies, on CPU too); 'math' is the unfused reference kernel (it materialises the scores, "
+         "so it loses on long prompts but can win on many short ones); 'efficient_attention' and "
+         "'cudnn_attention' (CUDA only) are preferred where they apply, with math as the fallback (e.g. for "
+         "masks a backend does not take). Prefill is half of a chat workload's cost."),
     Move("kv_layout", ("head_major", "token_major"), "head_major",
          "KV cache storage: [slots, heads, seq, D] (the reference's; each head's keys contiguous, best for "
          "split-KV reads) or [slots, seq, heads, D] (a token's heads contiguous: cheaper cache writes, "

@@ -80,3 +80,11 @@ def test_quality_mode_proposes_the_lossy_best_known_first_then_the_exact_one():
     assert {**lossy[0], "linear_dtype": None} == lossy[1]
     exact = VariantSearch(VariantConfig()).propose(AgentContext("run", "ref", "", num_proposals=1))
     assert read_options(exact[0].source) == lossy[1]
+
+
+def test_cpu_search_space_leaves_out_what_needs_cuda():
+    from athanor.agents.variant import VariantConfig, device_search_space
+
+    cpu, cuda = device_search_space(VariantConfig(device="cpu")), device_search_space(VariantConfig(device="cuda"))
+    assert cpu["sdpa"] == (None, "math") and "cudnn_attention" in cuda["sdpa"]
+    assert not any(str(v).startswith("triton") for values in cpu.values() for v in values)

@@ -165,8 +165,8 @@ def expert_gemv_kernel(
     Program (s, p) serves pair p = (token p // TOP_K, its choice p % TOP_K) and streams a strip of
     expert IDS[p]'s weight: W's rows for the first cdiv(N, BLOCK_N) strips, W2's for the rest (gate
     and up kept apart, in one launch). Its input row is X's row of the token (SHARED: the token's
-    hidden state, RMS-normed with NW under NORM) or of the pair, SiLU-mul'ed with X2's under SILU. Without SUM it writes row
-    p of Y [pairs, N + N2]; with SUM (the down projection) the TOP_K programs of a token's strip are
+    hidden state, RMS-normed with NW under NORM) or of the pair, SiLU-mul'ed with X2's under SILU. Without
+    SUM it writes row p of Y [pairs, N + N2]; with SUM (the down projection) the TOP_K programs of a token's strip are
     reduced like split-K, each partial scaled by its routing weight TOPW[p] in fp32, and the last one
     writes the token's row of Y [tokens, N], plus the residual under RESIDUAL.
 

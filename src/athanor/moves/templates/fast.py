@@ -13,6 +13,7 @@ KV cache: per layer, k and v indexed as [max_seqs + 1, num_kv_heads, max_seq_len
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Literal
 
 import torch
@@ -46,6 +47,7 @@ OPTIONS: dict[str, Any] = {
     "rmsnorm": "torch",
     "rope": "torch",
     "attention": "torch",
+    "sdpa": None,
     "kv_layout": "head_major",
     "gemv": "cublas",
     "silu_mul": "torch",
@@ -68,6 +70,16 @@ def impl(option: str) -> Literal["torch"] | None:
     """The `impl` argument for a kernel: "torch" forces the fallback; "triton..." values pass None,
     which runs Triton wherever it can (CUDA, or TRITON_INTERPRET=1) and PyTorch elsewhere."""
     return None if str(OPTIONS[option]).startswith("triton") else "torch"
+
+
+def sdpa_backends() -> contextlib.AbstractContextManager[Any]:
+    """Where prefill's SDPA may run: OPTIONS["sdpa"] first and the math kernel as its fallback, or torch's choice."""
+    name = OPTIONS["sdpa"]
+    if name is None:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(list(dict.fromkeys([getattr(SDPBackend, str(name).upper()), SDPBackend.MATH])))
 
 
 def linear_weight(w: Tensor) -> Tensor:
@@ -245,10 +257,11 @@ class FastForward:
                 else:  # a continued prefill: query j sits at position start + j
                     q_pos = torch.arange(start, end, device=x.device)
                     mask, causal = torch.arange(end, device=x.device)[None, :] <= q_pos[:, None], False
-                attn = F.scaled_dot_product_attention(
-                    q[lo:hi].transpose(0, 1)[None], keys[None], values[None],
-                    attn_mask=mask, is_causal=causal, enable_gqa=True,
-                )  # [1, Hq, n, D]
+                with sdpa_backends():
+                    attn = F.scaled_dot_product_attention(
+                        q[lo:hi].transpose(0, 1)[None], keys[None], values[None],
+                        attn_mask=mask, is_causal=causal, enable_gqa=True,
+                    )  # [1, Hq, n, D]
                 out[lo:hi] = attn[0].transpose(0, 1)
             x = self._linear(out.flatten(1), layer.wo)
             h, residual = self._norm(x, residual, layer.mlp_norm)
