@@ -85,6 +85,9 @@ class VariantSearch:
         self.study = optuna.create_study(direction="maximize", sampler=sampler)
         self._pending: dict[str, optuna.trial.Trial] = {}
         self._seen: set[str] = set()
+        self._seen_points: set[tuple[tuple[str, Any], ...]] = set()
+        """Option points already proposed or evaluated: a resumed run's candidates may have been rendered
+        from an older template, so the same point renders to another source (and id) now."""
         # Start from what is known to be good (in quality mode, its lossy form first), then let TPE explore.
         for lossy in sorted({self.config.lossy, False}, reverse=True):
             self.study.enqueue_trial(self._restrict({**baseline_options(), **best_options_for(self.config, lossy)}))
@@ -104,11 +107,13 @@ class VariantSearch:
             source = self._render(trial.params)
             proposal = Proposal(source, parent_id=context.incumbent_id, author=self.name,
                                 description=describe(trial.params))
-            if proposal.candidate_id in self._seen:
+            point = _point(trial.params)
+            if proposal.candidate_id in self._seen or point in self._seen_points:
                 # TPE may ask for a point it already has; tell it nothing new and draw again.
                 self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 continue
             self._seen.add(proposal.candidate_id)
+            self._seen_points.add(point)
             self._pending[proposal.candidate_id] = trial
             proposals.append(proposal)
         return proposals
@@ -148,6 +153,11 @@ class VariantSearch:
                 value=math.log(ev.speedup) if timed else None,
                 state=optuna.trial.TrialState.COMPLETE if timed else optuna.trial.TrialState.FAIL))
             self._seen.add(ev.candidate_id)
+            self._seen_points.add(_point(params))
+
+
+def _point(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted(params.items()))
 
 
 def best_options_for(config: VariantConfig, lossy: bool = False) -> dict[str, Any]:

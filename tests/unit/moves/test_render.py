@@ -83,8 +83,27 @@ def test_quality_mode_proposes_the_lossy_best_known_first_then_the_exact_one():
 
 
 def test_cpu_search_space_leaves_out_what_needs_cuda():
-    from athanor.agents.variant import VariantConfig, device_search_space
-
     cpu, cuda = device_search_space(VariantConfig(device="cpu")), device_search_space(VariantConfig(device="cuda"))
     assert cpu["sdpa"] == (None, "math") and "cudnn_attention" in cuda["sdpa"]
     assert not any(str(v).startswith("triton") for values in cpu.values() for v in values)
+
+
+def test_a_resumed_search_does_not_repeat_a_point_rendered_by_an_older_template():
+    """The store's candidates may predate a move: the same options render to another source now."""
+    from athanor.agents.base import AgentContext
+    from athanor.agents.variant import VariantSearch
+    from athanor.moves import read_options
+    from athanor.store.records import EvaluationRecord
+
+    agent = VariantSearch(VariantConfig())
+    first = agent.propose(AgentContext("run", "ref", "", num_proposals=1))[0]
+    old_source = first.source.replace('    "sdpa": None,\n', "")  # as rendered before the sdpa move existed
+    assert old_source != first.source
+    record = EvaluationRecord(id=1, run_id="run", candidate_id="old", incumbent_id="ref", author="variant",
+                              tier="fast", status="accepted", accepted=True, stage="accepted", reason="",
+                              speedup=1.2, speedup_ci_low=1.1, speedup_ci_high=1.3, gpu_s_per_1k=1.0, wall_s=1.0,
+                              shapes=(), figures={}, created_at=0.0)
+    resumed = VariantSearch(VariantConfig())
+    resumed.warm_start([(old_source, record)])
+    again = resumed.propose(AgentContext("run", "ref", "", num_proposals=12))
+    assert read_options(first.source) not in [read_options(p.source) for p in again]
