@@ -107,3 +107,13 @@ def test_a_resumed_search_does_not_repeat_a_point_rendered_by_an_older_template(
     resumed.warm_start([(old_source, record)])
     again = resumed.propose(AgentContext("run", "ref", "", num_proposals=12))
     assert read_options(first.source) not in [read_options(p.source) for p in again]
+
+
+@pytest.mark.parametrize("options", [{m.name: v} for m in MOVES for v in m.values] + [
+    best_options(PRESETS["llama-3.1-8b"]), best_options(PRESETS["qwen3-30b-a3b"]),
+    best_options(PRESETS["llama-3.1-8b"], "cpu", lossy=True)])
+def test_every_render_passes_the_evaluators_static_checks(options):
+    """What the search proposes must get past the first stage (an import off the allowlist once sank every one)."""
+    from athanor.evaluate.static_checks import check_source
+
+    assert check_source(render("fast", options)) == []

@@ -13,7 +13,6 @@ KV cache: per layer, k and v indexed as [max_seqs + 1, num_kv_heads, max_seq_len
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Literal
 
 import torch
@@ -72,14 +71,16 @@ def impl(option: str) -> Literal["torch"] | None:
     return None if str(OPTIONS[option]).startswith("triton") else "torch"
 
 
-def sdpa_backends() -> contextlib.AbstractContextManager[Any]:
-    """Where prefill's SDPA may run: OPTIONS["sdpa"] first and the math kernel as its fallback, or torch's choice."""
+def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+    """Prefill's scaled_dot_product_attention on OPTIONS["sdpa"]'s backend (the math kernel as its fallback),
+    or on torch's choice."""
     name = OPTIONS["sdpa"]
     if name is None:
-        return contextlib.nullcontext()
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    return sdpa_kernel(list(dict.fromkeys([getattr(SDPBackend, str(name).upper()), SDPBackend.MATH])))
+    with sdpa_kernel(list(dict.fromkeys([getattr(SDPBackend, str(name).upper()), SDPBackend.MATH]))):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
 
 
 def linear_weight(w: Tensor) -> Tensor:
@@ -257,11 +258,7 @@ class FastForward:
                 else:  # a continued prefill: query j sits at position start + j
                     q_pos = torch.arange(start, end, device=x.device)
                     mask, causal = torch.arange(end, device=x.device)[None, :] <= q_pos[:, None], False
-                with sdpa_backends():
-                    attn = F.scaled_dot_product_attention(
-                        q[lo:hi].transpose(0, 1)[None], keys[None], values[None],
-                        attn_mask=mask, is_causal=causal, enable_gqa=True,
-                    )  # [1, Hq, n, D]
+                attn = sdpa(q[lo:hi].transpose(0, 1)[None], keys[None], values[None], mask, causal)  # [1, Hq, n, D]
                 out[lo:hi] = attn[0].transpose(0, 1)
             x = self._linear(out.flatten(1), layer.wo)
             h, residual = self._norm(x, residual, layer.mlp_norm)
