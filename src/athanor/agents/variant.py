@@ -19,7 +19,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 
 from athanor.agents.base import AgentContext, Proposal
 from athanor.agents.board import Board
-from athanor.moves import baseline_options, best_options, read_options, render, search_space
+from athanor.moves import MOVES_BY_NAME, baseline_options, best_options, read_options, render, search_space
 from athanor.store import EvaluationRecord
 
 log = logging.getLogger(__name__)
@@ -43,10 +43,6 @@ class VariantConfig:
     template: str = "fast"
 
 
-CUDA_ONLY = ("efficient_attention", "cudnn_attention")
-"""Option values that need CUDA (SDPA backends with no CPU kernel)."""
-
-
 def device_search_space(config: VariantConfig) -> dict[str, tuple[Any, ...]]:
     """The options worth searching on this device, and their values.
 
@@ -56,7 +52,8 @@ def device_search_space(config: VariantConfig) -> dict[str, tuple[Any, ...]]:
     space: dict[str, tuple[Any, ...]] = {}
     for name, values in search_space(config.moe, lossy=config.lossy).items():
         if config.device == "cpu":
-            values = tuple(v for v in values if not str(v).startswith("triton") and v not in CUDA_ONLY)
+            cuda_only = MOVES_BY_NAME[name].cuda_only
+            values = tuple(v for v in values if not str(v).startswith("triton") and v not in cuda_only)
             if name in ("graphs", "gemv"):
                 continue
         if name == "compile" and not config.include_compile:
@@ -84,10 +81,9 @@ class VariantSearch:
         sampler = optuna.samplers.TPESampler(seed=self.config.seed, n_startup_trials=4)
         self.study = optuna.create_study(direction="maximize", sampler=sampler)
         self._pending: dict[str, optuna.trial.Trial] = {}
-        self._seen: set[str] = set()
-        self._seen_points: set[tuple[tuple[str, Any], ...]] = set()
-        """Option points already proposed or evaluated: a resumed run's candidates may have been rendered
-        from an older template, so the same point renders to another source (and id) now."""
+        self._seen: set[tuple[tuple[str, Any], ...]] = set()
+        """Option points already proposed or evaluated. Points, not candidate ids: a resumed run's candidates
+        may have been rendered from an older template, so the same point renders to another source now."""
         # Start from what is known to be good (in quality mode, its lossy form first), then let TPE explore.
         for lossy in sorted({self.config.lossy, False}, reverse=True):
             self.study.enqueue_trial(self._restrict({**baseline_options(), **best_options_for(self.config, lossy)}))
@@ -108,12 +104,11 @@ class VariantSearch:
             proposal = Proposal(source, parent_id=context.incumbent_id, author=self.name,
                                 description=describe(trial.params))
             point = _point(trial.params)
-            if proposal.candidate_id in self._seen or point in self._seen_points:
+            if point in self._seen:
                 # TPE may ask for a point it already has; tell it nothing new and draw again.
                 self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 continue
-            self._seen.add(proposal.candidate_id)
-            self._seen_points.add(point)
+            self._seen.add(point)
             self._pending[proposal.candidate_id] = trial
             proposals.append(proposal)
         return proposals
@@ -152,8 +147,7 @@ class VariantSearch:
                 params=params, distributions=self.distributions,
                 value=math.log(ev.speedup) if timed else None,
                 state=optuna.trial.TrialState.COMPLETE if timed else optuna.trial.TrialState.FAIL))
-            self._seen.add(ev.candidate_id)
-            self._seen_points.add(_point(params))
+            self._seen.add(_point(params))
 
 
 def _point(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:

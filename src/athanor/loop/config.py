@@ -70,10 +70,10 @@ class CompileConfig:
         says what that costs in certainty."""
         base = EvaluateConfig(
             model=self.model, device=self.device, dtype=self.dtype, tier=tier,
-            fast_layers=self.fast_layers or max(2, load_spec(self.model).num_layers // 5),
+            fast_layers=self.fast_tier_layers,
             traffic=self.traffic, bitwise=self.bitwise, quality=self.quality,
             max_seqs=self.max_seqs or (16 if self.on_cpu else self.gpu_plan.max_seqs),
-            max_seq_len=self.max_seq_len or (1024 if self.on_cpu else 4096),
+            max_seq_len=self.engine_max_seq_len,
             seed=None,
         )
         if not self.on_cpu:
@@ -86,6 +86,14 @@ class CompileConfig:
             return replace(cpu, decode_pairs=10, prefill_pairs=4, warmup=1)
         return replace(cpu, decode_pairs=16, prefill_pairs=6)
 
+    @property
+    def fast_tier_layers(self) -> int:
+        return self.fast_layers or max(2, load_spec(self.model).num_layers // 5)
+
+    @property
+    def engine_max_seq_len(self) -> int:
+        return self.max_seq_len or (1024 if self.on_cpu else 4096)
+
     @functools.cached_property
     def gpu_plan(self) -> MemoryPlan:
         """Engine slots when --max-seqs is not given on a GPU: up to 64, as many as the two tiers' four
@@ -95,8 +103,8 @@ class CompileConfig:
         spec = load_spec(self.model)
         # "": as stored, fp32 for the random presets
         itemsize = resolve_dtype(self.dtype, torch.device(self.device)).itemsize if self.dtype else 4
-        layers = (self.fast_layers or max(2, spec.num_layers // 5), spec.num_layers)
-        return plan_engine_slots(spec, itemsize, layers, self.max_seq_len or 4096, device_bytes(self.device), 64)
+        return plan_engine_slots(spec, itemsize, (self.fast_tier_layers, spec.num_layers), self.engine_max_seq_len,
+                                 device_bytes(self.device), 64)
 
     @property
     def reserve_s(self) -> float:

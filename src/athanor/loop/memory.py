@@ -11,10 +11,11 @@ out of memory on an H200. So when the slots are not given, the largest count tha
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from athanor.errors import ConfigError
-from athanor.model.spec import ModelSpec, layer_weight_shapes, weight_shapes
+from athanor.model.spec import ModelSpec, kv_cache_bytes, layer_weight_shapes
 
 GIB = 1 << 30
 RESIDENTS = (3, 1)
@@ -25,17 +26,6 @@ PROCESS_OVERHEAD = 2 * GIB
 """Per engine worker: the CUDA context, captured graphs' pools, activations, autotuning buffers."""
 USABLE_SHARE = 0.9
 """Of the device's memory; the rest is left for fragmentation and whatever else runs there."""
-
-
-def _bytes(shapes: dict[str, tuple[int, ...]], itemsize: int, names: tuple[str, ...] | None = None) -> int:
-    total = 0
-    for name, shape in shapes.items():
-        if names is None or name in names:
-            n = 1
-            for s in shape:
-                n *= s
-            total += n * itemsize
-    return total
 
 
 @dataclass(frozen=True)
@@ -63,11 +53,9 @@ def plan_engine_slots(spec: ModelSpec, itemsize: int, tier_layers: tuple[int, ..
     fixed, per_slot = 0, 0
     for layers in tier_layers:
         sub = spec.with_layers(layers)
-        weights = _bytes(weight_shapes(sub), itemsize)
-        copies = layers * _bytes(layer_weight_shapes(sub), itemsize, COPYABLE)
-        residents = sum(RESIDENTS)
-        fixed += len(RESIDENTS) * (weights + PROCESS_OVERHEAD) + RESIDENTS[0] * copies
-        per_slot += residents * 2 * layers * spec.num_kv_heads * max_seq_len * spec.head_dim * itemsize
+        copies = layers * sum(math.prod(shape) for name, shape in layer_weight_shapes(sub).items() if name in COPYABLE)
+        fixed += len(RESIDENTS) * (sub.num_params() * itemsize + PROCESS_OVERHEAD) + RESIDENTS[0] * copies * itemsize
+        per_slot += sum(RESIDENTS) * kv_cache_bytes(sub, 1, max_seq_len, itemsize)
     budget = int(device_bytes * USABLE_SHARE) - fixed
     slots = min(wanted, budget // per_slot - 1) if budget > 0 else 0
     if slots < 1:

@@ -102,6 +102,11 @@ class ModelSpec:
         return total
 
 
+def kv_cache_bytes(spec: ModelSpec, num_slots: int, max_seq_len: int, itemsize: int = 2) -> int:
+    """Bytes of a reference-layout KV cache: k and v per layer, [num_slots, Hkv, max_seq_len, D]."""
+    return 2 * spec.num_layers * num_slots * spec.num_kv_heads * max_seq_len * spec.head_dim * itemsize
+
+
 def _numel(shape: tuple[int, ...]) -> int:
     n = 1
     for s in shape:

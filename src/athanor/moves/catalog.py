@@ -31,6 +31,8 @@ class Move:
     lossy: bool = False
     """Its non-baseline values change the logits beyond the model dtype's tolerance: searched only in
     quality mode (see the module docstring)."""
+    cuda_only: tuple[Any, ...] = ()
+    """Values with no CPU implementation at all (the Triton ones fall back to torch there instead)."""
 
     def __post_init__(self) -> None:
         assert self.baseline in self.values, f"move {self.name}: baseline {self.baseline!r} not in values"
@@ -65,7 +67,8 @@ MOVES: tuple[Move, ...] = (
          "where it applies, on CPU too); 'math' is the unfused reference kernel (it materialises the scores, "
          "so it loses on long prompts but can win on many short ones); 'efficient_attention' and "
          "'cudnn_attention' (CUDA only) are preferred where they apply, with math as the fallback (e.g. for "
-         "masks a backend does not take). Prefill is half of a chat workload's cost."),
+         "masks a backend does not take). Prefill is half of a chat workload's cost.",
+         cuda_only=("efficient_attention", "cudnn_attention")),
     Move("kv_layout", ("head_major", "token_major"), "head_major",
          "KV cache storage: [slots, heads, seq, D] (the reference's; each head's keys contiguous, best for "
          "split-KV reads) or [slots, seq, heads, D] (a token's heads contiguous: cheaper cache writes, "

@@ -26,6 +26,7 @@ import torch
 
 from athanor.errors import ConfigError
 from athanor.model import Model, ModelSpec
+from athanor.model.spec import kv_cache_bytes
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +50,6 @@ def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30, iters: int = 10)
         del src, dst
         torch.cuda.empty_cache()
     return _bandwidth_cache[key]
-
-
-def kv_cache_bytes(spec: ModelSpec, num_slots: int, max_seq_len: int, itemsize: int = 2) -> int:
-    """Bytes of a reference-layout KV cache: k and v per layer, [num_slots, Hkv, max_seq_len, D]."""
-    return 2 * spec.num_layers * num_slots * spec.num_kv_heads * max_seq_len * spec.head_dim * itemsize
 
 
 def step_bytes(model: Model, batch: int, context: int, distinct_experts: float | None = None) -> dict[str, int]:

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from athanor.kernels import (
     NewToken,
@@ -77,8 +78,6 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> 
     name = OPTIONS["sdpa"]
     if name is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     with sdpa_kernel(list(dict.fromkeys([getattr(SDPBackend, str(name).upper()), SDPBackend.MATH]))):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
 
