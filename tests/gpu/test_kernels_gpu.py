@@ -306,3 +306,69 @@ def test_best_candidate_matches_reference_in_bf16(dev, preset, fused_rows, tmp_p
     top2 = truth.topk(2, dim=-1).values
     decided = top2[:, 0] - top2[:, 1] > 2 * (ref - truth).abs().amax(dim=-1)
     assert (cand.argmax(-1) == truth.argmax(-1))[decided & counted].all()
+
+
+@pytest.mark.parametrize(("hq", "hkv", "d", "qk_norm", "hidden"), [(32, 8, 64, False, 2048), (32, 4, 128, True, 2048),
+                                                                   (32, 8, 128, False, 4096)])
+def test_qkv_rope_cache_bf16_in_a_graph(dev, hq, hkv, d, qk_norm, hidden):
+    """RoPE and the cache write inside the QKV GEMV (llama-3.2-1b, qwen3-30b-a3b and llama-3.1-8b shapes), captured
+    once and replayed with new inputs and positions (its head tickets must reset every launch), against the QKV
+    GEMV + the RoPE kernel it replaces."""
+    from athanor.kernels import KVWrite, fused_linear, qkv_rope_cache, rope_and_cache
+
+    bf = {"device": dev, "dtype": torch.bfloat16}
+    max_len, n = 4096, (hq + 2 * hkv) * d
+    h, w, nw = torch.randn(1, hidden, **bf), torch.randn(n, hidden, **bf) / hidden**0.5, torch.randn(hidden, **bf)
+    angles = torch.randn(max_len, d, device=dev)
+    norms = (torch.randn(d, **bf), torch.randn(d, **bf)) if qk_norm else (None, None)
+    caches = [torch.randn(3, hkv, max_len, d, **bf) for _ in range(2)]
+    slots, positions = torch.tensor([2], device=dev), torch.tensor([7], device=dev)
+    kv = KVWrite(angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16), positions, slots, *caches, *norms)
+    qkv_rope_cache(h, w, None, nw, 1e-6, hq, kv)  # autotune outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        q = qkv_rope_cache(h, w, None, nw, 1e-6, hq, kv)
+    for _ in range(3):
+        h.copy_(torch.randn_like(h))
+        positions.copy_(torch.randint(0, max_len, (1,), device=dev))
+        expected_caches = [c.clone() for c in caches]
+        qkv = fused_linear(h, w, norm_weight=nw, eps=1e-6).view(1, -1, d)
+        rq = rope_and_cache(qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:], kv.cos, kv.sin, positions, slots,
+                            *expected_caches, q_norm=norms[0], k_norm=norms[1], eps=1e-6)
+        graph.replay()
+        torch.testing.assert_close(q, rq, **BF16)
+        for got, want in zip(caches, expected_caches, strict=True):
+            torch.testing.assert_close(got, want, **BF16)
+    two = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(two):
+        qkv = fused_linear(h, w, norm_weight=nw, eps=1e-6).view(1, -1, d)
+        rope_and_cache(qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:], kv.cos, kv.sin, positions, slots, *caches,
+                       q_norm=norms[0], k_norm=norms[1], eps=1e-6)
+    print(f"qkv_rope_cache hq={hq} hkv={hkv} d={d} K={hidden}: {_ms(graph.replay) * 1e3:.1f} us, "
+          f"GEMV + RoPE kernel {_ms(two.replay) * 1e3:.1f} us")
+
+
+def test_router_topk_bf16_in_a_graph(dev):
+    """The top-k inside the router GEMV (qwen3-30b-a3b: 128 experts, top 8), captured and replayed: the ids are a
+    top-8 of the fp32 truth up to bf16 rounding, the weights its renormalised softmax."""
+    from athanor.kernels import fused_linear, route, router_topk
+
+    bf = {"device": dev, "dtype": torch.bfloat16}
+    h, w, nw = torch.randn(1, 2048, **bf), torch.randn(128, 2048, **bf) / 2048**0.5, torch.randn(2048, **bf)
+    router_topk(h, w, nw, 1e-6, 8, "softmax", True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ids, weights = router_topk(h, w, nw, 1e-6, 8, "softmax", True)
+    for _ in range(5):
+        h.copy_(torch.randn_like(h))
+        graph.replay()
+        x = h.float()
+        logits = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * nw.float()) @ w.float().T
+        kth = logits.topk(8).values[:, -1:]
+        chosen = logits.gather(1, ids)
+        assert ids.unique().numel() == 8 and bool((chosen >= kth - 0.02 * logits.std()).all())
+        torch.testing.assert_close(weights, torch.softmax(chosen, -1), **BF16)
+    two = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(two):
+        route(fused_linear(h, w, norm_weight=nw, eps=1e-6), 8, "softmax", True)
+    print(f"router_topk 128x2048 top 8: {_ms(graph.replay) * 1e3:.1f} us, GEMV + route kernel {_ms(two.replay) * 1e3:.1f} us")

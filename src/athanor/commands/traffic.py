@@ -33,6 +33,16 @@ def register(subparsers: Any) -> None:
     plot.add_argument("--format", choices=FORMATS)
     plot.add_argument("--skip-bad", action="store_true")
     plot.set_defaults(func=_plot)
+    routing = sub.add_parser("routing", help="convert measured MoE routing into a RoutingProfile JSON (for "
+                                             "--routing: replayed on random-weight models)")
+    routing.add_argument("file", help="vLLM routed experts [tokens, layers, top_k] (.npy), an SGLang "
+                                      "expert-distribution dump (.pt), or a per-layer selection table (.csv)")
+    routing.add_argument("-o", "--output", required=True, help="RoutingProfile JSON to write")
+    routing.add_argument("--top-k", type=int, help="experts per token (.pt, .csv)")
+    routing.add_argument("--num-experts", type=int, help="experts per layer (.npy)")
+    routing.add_argument("--where", action="append", default=[], metavar="COLUMN=VALUE",
+                         help=".csv: keep the rows with this value (repeatable)")
+    routing.set_defaults(func=_routing)
     p.set_defaults(func=lambda args: _usage(p))
 
 
@@ -73,4 +83,33 @@ def _plot(args: argparse.Namespace) -> int:
 
     plot_trace(args.file, args.output, format=args.format, skip_bad=args.skip_bad)
     print(f"wrote {args.output}")
+    return 0
+
+
+def _routing(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from athanor.traffic.routing import load_selection_table, load_sglang_dump, load_vllm_routed_experts
+
+    suffix = Path(args.file).suffix
+    if not Path(args.file).is_file():
+        raise ConfigError(f"{args.file}: no such file")
+    needs = {".npy": "num_experts", ".pt": "top_k", ".csv": "top_k"}.get(suffix)
+    if needs is None:
+        raise ConfigError(f"{args.file}: unknown routing format {suffix!r}: use .npy (vLLM), .pt (SGLang) or .csv")
+    if getattr(args, needs) is None or getattr(args, needs) < 1:
+        raise ConfigError(f"{args.file}: a {suffix} file needs --{needs.replace('_', '-')} (a positive integer)")
+    where = dict(w.split("=", 1) for w in args.where if "=" in w)
+    if len(where) != len(args.where):
+        raise ConfigError(f"--where {args.where}: each must be COLUMN=VALUE")
+    if suffix == ".npy":
+        profile = load_vllm_routed_experts(args.file, args.num_experts)
+    elif suffix == ".pt":
+        profile = load_sglang_dump(args.file, args.top_k)
+    else:
+        profile = load_selection_table(args.file, args.top_k, where)
+    Path(args.output).write_text(json.dumps(profile.to_dict()))
+    hottest = max(max(layer) for layer in profile.load) * profile.num_experts
+    print(f"{profile.source}: {profile.num_layers} layers x {profile.num_experts} experts, top-{profile.top_k}; "
+          f"hottest expert {hottest:.1f}x its even share; wrote {args.output}")
     return 0

@@ -13,7 +13,7 @@ package imports without Triton.
 from athanor.kernels.activation import silu_mul
 from athanor.kernels.attention import NewToken, decode_attention, num_kv_splits, rope_cache_attention
 from athanor.kernels.dispatch import HAS_TRITON, use_triton
-from athanor.kernels.gemv import fused_linear, linear, splitk_linear
+from athanor.kernels.gemv import fused_linear, linear, qkv_rope_cache, router_topk, splitk_linear
 from athanor.kernels.moe import (
     ExpertGroups,
     expert_gemv,
@@ -25,12 +25,13 @@ from athanor.kernels.moe import (
 )
 from athanor.kernels.norm import add_rms_norm, rms_norm
 from athanor.kernels.per_seq_attention import decode_attention_per_seq
-from athanor.kernels.rope import rope, rope_and_cache
+from athanor.kernels.rope import KVWrite, rope, rope_and_cache
 from athanor.kernels.sampling import greedy, sample_top_k_top_p
 
 __all__ = [
     "HAS_TRITON",
     "ExpertGroups",
+    "KVWrite",
     "NewToken",
     "add_rms_norm",
     "decode_attention",
@@ -44,11 +45,13 @@ __all__ = [
     "linear",
     "moe_experts",
     "num_kv_splits",
+    "qkv_rope_cache",
     "rms_norm",
     "rope",
     "rope_and_cache",
     "rope_cache_attention",
     "route",
+    "router_topk",
     "sample_top_k_top_p",
     "silu_mul",
     "splitk_linear",

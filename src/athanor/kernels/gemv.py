@@ -7,13 +7,17 @@ templates make it a choice (`gemv` option) rather than a rule.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from athanor.kernels.attention import _num_sms
 from athanor.kernels.dispatch import PDL_EARLY, Impl, cdiv, interpreting, next_pow2, pdl, tickets, use_triton
+from athanor.kernels.moe import route
 from athanor.kernels.norm import rms_norm_torch
+from athanor.kernels.rope import KVWrite, rope_and_cache
 
 MAX_ROWS = 16
 """Largest row count the split-K path takes; above it `linear` uses cuBLAS."""
@@ -92,18 +96,94 @@ def fused_linear(x: Tensor, w: Tensor, bias: Tensor | None = None, *, norm_weigh
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y
-    # fp32 partials of split-K configs: [SPLIT_K, strips, BLOCK_M, BLOCK_N] fits in max split x M x N rounded up.
-    workspace = torch.empty(8 * next_pow2(m) * (n + 64), dtype=torch.float32, device=x.device)
     args = (x, up if up is not None else x, w, bias if bias is not None else w,
             norm_weight if norm_weight is not None else w, residual if residual is not None else y, y,
-            workspace, tickets(x.device),
+            _workspace(m, n, x.device), tickets(x.device),
             m, n, k, eps, x.stride(0), up.stride(0) if up is not None else 0, w.stride(0),
             residual.stride(0) if residual is not None else 0, y.stride(0))
     flags = {"NORM": norm_weight is not None, "SILU": up is not None, "BIAS": bias is not None,
-             "RESIDUAL": residual is not None, "BLOCK_M": next_pow2(m), **pdl(x), "EARLY": PDL_EARLY}
-    if interpreting():
-        split = 3 if k >= 192 else 1  # the split-K path too, in the tests' small shapes
-        fused_gemv_kernel[(cdiv(n, 16), split)](*args, **flags, BLOCK_N=16, BLOCK_K=64, SPLIT_K=split)
-    else:
-        fused_gemv_tuned[lambda meta: (cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](*args, **flags)
+             "RESIDUAL": residual is not None}
+    _launch(fused_gemv_kernel, fused_gemv_tuned, args, flags, m, n, k)
     return y
+
+
+def qkv_rope_cache(h: Tensor, w: Tensor, bias: Tensor | None, norm_weight: Tensor, eps: float, num_heads: int,
+                   cache: KVWrite, impl: Impl = None) -> Tensor:
+    """The decode step's attention input for <= 8 rows in one kernel: q, k, v = rms_norm(h) @ w.T (+ bias)
+    (w: the fused [(Hq + 2 Hkv) * D, H] QKV weight), then what `rope_and_cache` does: q and k q/k-normed
+    (when the cache carries the norms) and rotated, k and v written into the cache. Returns q [M, Hq, D],
+    rotated (a view of the QKV output: row stride (Hq + 2 Hkv) * D).
+
+    In Triton the last strip of each head to be written rotates the head (a ticket per head, as split-K's),
+    so RoPE costs no launch; its values are `rope_and_cache`'s on the same projection, bit for bit."""
+    m, k = h.shape
+    d = cache.k_cache.shape[-1]
+    num_kv = cache.k_cache.shape[1]
+    n = w.shape[0]
+    assert n == (num_heads + 2 * num_kv) * d, "w is not a fused QKV weight for these head counts"
+    if m > MAX_FUSED_ROWS or not use_triton(h, impl) or d % (16 if interpreting() else 32):  # BLOCK_N | head_dim
+        qkv = fused_linear(h, w, bias, norm_weight=norm_weight, eps=eps, impl=impl)
+        q, kk, v = qkv.view(m, num_heads + 2 * num_kv, d).split([num_heads, num_kv, num_kv], dim=1)
+        return rope_and_cache(q, kk, v, cache.cos, cache.sin, cache.positions, cache.slots, cache.k_cache,
+                              cache.v_cache, impl=impl, q_norm=cache.q_norm, k_norm=cache.k_norm, eps=eps)
+    from athanor.kernels.jit.fused_gemv import fused_gemv_rope_kernel, fused_gemv_rope_tuned
+
+    assert w.stride(1) == 1 and h.stride(1) == 1 and cache.cos.is_contiguous() and cache.sin.is_contiguous()
+    assert cache.k_cache.stride() == cache.v_cache.stride() and cache.k_cache.stride(3) == 1
+    y = torch.empty((m, n), dtype=h.dtype, device=h.device)
+    norms = cache.q_norm is not None and cache.k_norm is not None
+    c = cache.k_cache
+    args = (h, w, bias if bias is not None else w, norm_weight, y, _workspace(m, n, h.device), tickets(h.device),
+            cache.cos, cache.sin, cache.positions, cache.slots, c, cache.v_cache,
+            cache.q_norm if norms else cache.cos, cache.k_norm if norms else cache.cos,
+            m, n, k, eps, h.stride(0), w.stride(0), y.stride(0), c.stride(0), c.stride(1), c.stride(2),
+            num_heads, num_kv)
+    if m:
+        _launch(fused_gemv_rope_kernel, fused_gemv_rope_tuned, args,
+                {"HEAD_DIM": d, "QK_NORM": norms, "BIAS": bias is not None}, m, n, k)
+    return y.view(m, num_heads + 2 * num_kv, d)[:, :num_heads]
+
+
+def router_topk(h: Tensor, w: Tensor, norm_weight: Tensor, eps: float, top_k: int, scoring: str, renormalize: bool,
+                selection_bias: Tensor | None = None, impl: Impl = None) -> tuple[Tensor, Tensor]:
+    """A MoE block's routing for <= 8 rows in one kernel: the router logits of rms_norm(h) (w: [E, H]), then
+    what `route` does with them. Returns ids [M, k] int64 and weights [M, k] fp32.
+
+    In Triton the last strip of the router GEMV to be written (a ticket over all strips) picks every row's
+    top-k, so routing costs no launch; its values are `route`'s on the same logits, bit for bit."""
+    m, k = h.shape
+    n = w.shape[0]
+    if m > MAX_FUSED_ROWS or not use_triton(h, impl) or scoring not in ("softmax", "sigmoid"):
+        logits = fused_linear(h, w, norm_weight=norm_weight, eps=eps, impl=impl)
+        return route(logits, top_k, scoring, renormalize, selection_bias, impl=impl)
+    from athanor.kernels.jit.fused_gemv import fused_gemv_route_kernel, fused_gemv_route_tuned
+
+    assert w.stride(1) == 1 and h.stride(1) == 1
+    y = torch.empty((m, n), dtype=h.dtype, device=h.device)
+    ids = torch.empty((m, top_k), dtype=torch.long, device=h.device)
+    weights = torch.empty((m, top_k), dtype=torch.float32, device=h.device)
+    args = (h, w, norm_weight, y, _workspace(m, n, h.device), tickets(h.device),
+            selection_bias if selection_bias is not None else y, ids, weights,
+            m, n, k, eps, h.stride(0), w.stride(0), y.stride(0))
+    flags = {"TOP_K": top_k, "SOFTMAX": scoring == "softmax", "RENORM": renormalize,
+             "HAS_BIAS": selection_bias is not None, "BLOCK_E": next_pow2(n), "CHUNK": min(32, next_pow2(n))}
+    if m:
+        _launch(fused_gemv_route_kernel, fused_gemv_route_tuned, args, flags, m, n, k)
+    return ids, weights
+
+
+def _workspace(m: int, n: int, device: torch.device) -> Tensor:
+    """fp32 partials of split-K configs: [SPLIT_K, strips, BLOCK_M, BLOCK_N] fits in max split x M x N rounded up."""
+    return torch.empty(8 * next_pow2(m) * (n + 64), dtype=torch.float32, device=device)
+
+
+def _launch(kernel: Any, tuned: Any, args: tuple[Any, ...], flags: dict[str, Any], m: int, n: int, k: int) -> None:
+    """A fused-GEMV kernel on its grid: autotuned on the GPU; on the CPU interpreter with fixed small blocks and
+    split-K on for long K, so the tests' small shapes take the split path too (timing configs there measures
+    nothing)."""
+    flags = {**flags, "BLOCK_M": next_pow2(m), **pdl(args[0]), "EARLY": PDL_EARLY}
+    if interpreting():
+        split = 3 if k >= 192 else 1
+        kernel[(cdiv(n, 16), split)](*args, **flags, BLOCK_N=16, BLOCK_K=64, SPLIT_K=split)
+    else:
+        tuned[lambda meta: (cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](*args, **flags)

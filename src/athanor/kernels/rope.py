@@ -3,11 +3,29 @@ with the decode step's KV-cache write (one kernel instead of rope + two scatter 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from athanor.kernels.dispatch import Impl, pdl, use_triton
 from athanor.kernels.norm import rms_norm_torch
+
+
+@dataclass(frozen=True)
+class KVWrite:
+    """Where a decode step's new keys and values go, and how q and k are rotated on the way: cos, sin
+    [max_seq_len, D] tables; positions, slots [N] int64; k_cache, v_cache [num_slots, Hkv, max_seq_len, D]
+    (any strides with a contiguous D); q_norm, k_norm: Qwen3's per-head RMSNorm weights [D], or None."""
+
+    cos: Tensor
+    sin: Tensor
+    positions: Tensor
+    slots: Tensor
+    k_cache: Tensor
+    v_cache: Tensor
+    q_norm: Tensor | None = None
+    k_norm: Tensor | None = None
 
 
 def _rotate_half(x: Tensor) -> Tensor:

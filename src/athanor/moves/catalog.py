@@ -50,9 +50,12 @@ MOVES: tuple[Move, ...] = (
     Move("rmsnorm", ("torch", "triton"), "torch",
          "Triton RMSNorm fused with the residual add before it: one pass over [N, H] instead of four or five "
          "elementwise kernels. Helps at every batch size during decode; bigger share at small models."),
-    Move("rope", ("torch", "triton", "triton_fused_cache"), "torch",
+    Move("rope", ("torch", "triton", "triton_fused_cache", "triton_qkv_epilogue"), "torch",
          "Rotary embedding in one Triton kernel for q and k; 'triton_fused_cache' also writes k and v into the "
-         "KV cache in the same kernel (decode only), replacing rope's ~10 elementwise ops and two index_put's."),
+         "KV cache in the same kernel (decode only), replacing rope's ~10 elementwise ops and two index_put's. "
+         "'triton_qkv_epilogue' (the fused-GEMV layer with fused_qkv, batch 1): the QKV projection's last strip "
+         "of each head rotates it (q/k-normed first) and writes k and v into the cache, so RoPE costs no launch; "
+         "elsewhere it acts as 'triton_fused_cache'."),
     Move("attention", ("torch", "triton_split_kv", "torch_per_seq", "triton_fused"), "torch",
          "Decode attention as Triton split-KV flash-decoding with GQA: reads each slot's keys once, only up to "
          "its own length, with enough splits to fill the GPU at batch 1. Essential under CUDA graphs, where the "
@@ -89,8 +92,10 @@ MOVES: tuple[Move, ...] = (
              "graph-safe), 'grouped_mm' (pairs sorted by expert, torch._grouped_mm; graph-safe), 'triton' "
              "(block-aligned grouping + a Triton expert GEMM reading each used expert once per 16 pairs; "
              "graph-safe). Anything but 'loop' lets the engine capture MoE decode in CUDA graphs."),
-    Move("routing", ("torch", "triton"), "torch", applies_to="moe",
-         doc="Router softmax/sigmoid + top-k + renormalisation in one Triton kernel (torch: ~6 kernels)."),
+    Move("routing", ("torch", "triton", "triton_router_epilogue"), "torch", applies_to="moe",
+         doc="Router softmax/sigmoid + top-k + renormalisation in one Triton kernel (torch: ~6 kernels). "
+             "'triton_router_epilogue' (the fused-GEMV layer, batch 1): the router GEMV's last program picks the "
+             "top-k, so routing costs no launch; elsewhere it acts as 'triton'."),
     Move("compile", (None, "default", "max-autotune-no-cudagraphs"), None,
          "torch.compile the decode step (dynamic=False; never 'reduce-overhead': the engine captures graphs). "
          "Fuses the remaining torch elementwise work; costs compile time per batch bucket (tens of seconds "

@@ -141,6 +141,40 @@ def load_sglang_dump(path: str | Path, top_k: int, max_batch: int = 64) -> Routi
     return _independent_profile(f"sglang:{path}", top_k, load, max_batch)
 
 
+def load_selection_table(path: str | Path, top_k: int, where: dict[str, str] | None = None,
+                         max_batch: int = 64) -> RoutingProfile:
+    """A profile from a per-layer expert selection table: a CSV with a `Layer` column and `Expert_0` ..
+    `Expert_{E-1}` columns holding each expert's selection frequency (or count) in that layer, as MoE
+    analysis scripts write from a model's router logits over real text. Other columns select rows: `where`
+    {"Language": "English"} keeps those rows, and one row per layer must remain. Like counts, a table carries
+    no per-batch information, so distinct experts are those of independent tokens (an upper bound)."""
+    import csv
+
+    where = where or {}
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise ConfigError(f"{path}: cannot read a selection table ({e})") from None
+    if not rows or "Layer" not in rows[0]:
+        raise ConfigError(f"{path}: no 'Layer' column: a selection table has Layer, Expert_0, Expert_1, ... columns")
+    experts = sorted((c for c in rows[0] if c.startswith("Expert_")), key=lambda c: int(c.split("_")[1]))
+    for column, value in where.items():
+        if column not in rows[0]:
+            raise ConfigError(f"{path}: no column {column!r} to select on (columns: {', '.join(rows[0])[:200]})")
+        rows = [r for r in rows if r[column] == value]
+    layers = [int(r["Layer"]) for r in rows]
+    if sorted(layers) != list(range(len(layers))) or not experts:
+        raise ConfigError(f"{path}: need one row per layer 0..L-1 and Expert_ columns; found layers "
+                          f"{sorted(layers)[:8]}... (select rows with --where COLUMN=VALUE)")
+    table = np.array([[float(r[c]) for c in experts] for r in sorted(rows, key=lambda r: int(r["Layer"]))])
+    if (table < 0).any() or (table.sum(1) <= 0).any():
+        raise ConfigError(f"{path}: selection frequencies must be >= 0 with a positive sum in every layer")
+    selected = ",".join(f"{k}={v}" for k, v in where.items())
+    source = f"table:{Path(path).name}" + (f"[{selected}]" if selected else "")
+    return _independent_profile(source, top_k, table / table.sum(1, keepdims=True), max_batch)
+
+
 def _independent_profile(source: str, top_k: int, load: np.ndarray, max_batch: int) -> RoutingProfile:
     p = np.clip(load * top_k, 0, 1)  # chance that one token picks each expert
     distinct = [float(np.mean((1 - (1 - p) ** b).sum(1))) for b in range(1, max_batch + 1)]

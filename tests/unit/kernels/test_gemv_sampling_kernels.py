@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from athanor.kernels import (
     HAS_TRITON,
+    KVWrite,
     fused_linear,
     greedy,
     linear,
+    qkv_rope_cache,
     rms_norm,
+    rope_and_cache,
+    route,
+    router_topk,
     sample_top_k_top_p,
     splitk_linear,
 )
@@ -87,3 +94,64 @@ def test_fused_linear_reads_strided_halves_of_a_fused_gate_up(gen):
     gu = torch.randn(2, 2 * 96, generator=gen)
     w = torch.randn(40, 96, generator=gen)
     torch.testing.assert_close(fused_linear(gu[:, :96], w, up=gu[:, 96:]), F.linear(F.silu(gu[:, :96]) * gu[:, 96:], w))
+
+
+def _kv_write(gen, qk_norm: bool, heads_kv: int = 2, d: int = 32, slots_n: int = 5, max_len: int = 24, m: int = 3):
+    cache = [torch.randn(slots_n, heads_kv, max_len, d, generator=gen) for _ in range(2)]
+    norms = [torch.randn(d, generator=gen) for _ in range(2)] if qk_norm else [None, None]
+    return KVWrite(torch.randn(max_len, d, generator=gen), torch.randn(max_len, d, generator=gen),
+                   torch.randint(0, max_len, (m,), generator=gen), torch.randperm(slots_n, generator=gen)[:m],
+                   *cache, *norms)
+
+
+@triton_only
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_qkv_rope_cache_is_the_projection_then_rope_and_cache_bit_for_bit(gen, m, qk_norm, bias):
+    """The fused kernel (RoPE by the last strip of each head) equals the two kernels it replaces exactly, and
+    their torch composition within fp32 rounding."""
+    heads, heads_kv, d, k = 4, 2, 32, 200  # K >= 192: the interpreter takes the split-K path too
+    h = torch.randn(m, k, generator=gen)
+    w = torch.randn((heads + 2 * heads_kv) * d, k, generator=gen)
+    b = torch.randn(w.shape[0], generator=gen) if bias else None
+    nw = torch.randn(k, generator=gen)
+    cache = _kv_write(gen, qk_norm, heads_kv, d, m=m)
+    results = {}
+    for name in ("fused", "two_kernels", "torch"):
+        c = replace(cache, k_cache=cache.k_cache.clone(), v_cache=cache.v_cache.clone())
+        if name == "fused":
+            q = qkv_rope_cache(h, w, b, nw, 1e-5, heads, c, impl="triton")
+        else:
+            impl = "torch" if name == "torch" else "triton"
+            qkv = fused_linear(h, w, b, norm_weight=nw, eps=1e-5, impl=impl).view(m, -1, d)
+            q = rope_and_cache(qkv[:, :heads], qkv[:, heads:heads + heads_kv], qkv[:, heads + heads_kv:], c.cos, c.sin,
+                               c.positions, c.slots, c.k_cache, c.v_cache, impl=impl, q_norm=c.q_norm,
+                               k_norm=c.k_norm, eps=1e-5)
+        results[name] = (q, c.k_cache, c.v_cache)
+    assert results["fused"][1].ne(cache.k_cache).any() and results["fused"][2].ne(cache.v_cache).any()
+    for got, two, ref in zip(results["fused"], results["two_kernels"], results["torch"], strict=True):
+        assert torch.equal(got, two)
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_qkv_rope_cache_rejects_a_weight_of_other_head_counts(gen):
+    with pytest.raises(AssertionError, match="fused QKV"):
+        qkv_rope_cache(torch.randn(1, 64), torch.randn(100, 64), None, torch.ones(64), 1e-5, 4, _kv_write(gen, False))
+
+
+@pytest.mark.parametrize("impl", [pytest.param("triton", marks=triton_only), "torch"])
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("scoring,bias", [("softmax", False), ("sigmoid", True)])
+def test_router_topk_is_the_router_gemv_then_route(gen, impl, m, scoring, bias):
+    experts, k = 60, 200  # 60: not a power of two (Qwen2-MoE)
+    h, w, nw = torch.randn(m, k, generator=gen), torch.randn(experts, k, generator=gen), torch.randn(k, generator=gen)
+    sel = torch.randn(experts, generator=gen) * 0.1 if bias else None
+    ids, weights = router_topk(h, w, nw, 1e-5, 4, scoring, True, sel, impl=impl)
+    logits = fused_linear(h, w, norm_weight=nw, eps=1e-5, impl=impl)
+    ref_ids, ref_weights = route(logits, 4, scoring, True, sel, impl=impl)
+    assert torch.equal(ids, ref_ids) and torch.equal(weights, ref_weights)
+    torch_ids, torch_weights = route(fused_linear(h, w, norm_weight=nw, eps=1e-5, impl="torch"), 4, scoring, True, sel,
+                                     impl="torch")
+    assert torch.equal(ids, torch_ids)
+    torch.testing.assert_close(weights, torch_weights, rtol=1e-5, atol=1e-6)

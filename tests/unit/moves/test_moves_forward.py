@@ -7,6 +7,7 @@ options run their kernels in the interpreter (conftest sets TRITON_INTERPRET=1).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import itertools
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from athanor.model import BuildContext, DecodeBatch, make_prefill_batch
+from athanor.model import BuildContext, DecodeBatch, ModelSpec, make_prefill_batch
 from athanor.model.presets import PRESETS
 from athanor.model.random_init import random_model
 from athanor.model.reference import build as build_reference
@@ -55,8 +56,9 @@ def run(build, model, gen, dtype: torch.dtype = torch.float32):
     return outs
 
 
-def check(source: str, preset: str, tmp_path: Path, gen: torch.Generator) -> None:
-    model = random_model(PRESETS[preset], seed=int(torch.randint(0, 1000, (1,), generator=gen)))
+def check(source: str, preset: str | ModelSpec, tmp_path: Path, gen: torch.Generator) -> None:
+    spec = PRESETS[preset] if isinstance(preset, str) else preset
+    model = random_model(spec, seed=int(torch.randint(0, 1000, (1,), generator=gen)))
     seed = int(torch.randint(0, 2**31, (1,), generator=gen))
     candidate = load_candidate(source, tmp_path)
     with torch.no_grad():
@@ -149,9 +151,23 @@ def test_bf16_linear_weights_change_nothing_for_a_bf16_model(tmp_path, gen):
     assert all(torch.equal(a, b) for a, b in zip(got, expected))
 
 
-@pytest.mark.parametrize("preset", ["tiny-moe", "tiny-qwen"])
-def test_fused_layer_at_few_rows_moe_and_qk_norm(preset, tmp_path, gen):
-    """The fused decode of a MoE model (expert ids read on the device, no grouping: expert_gemv) and of
-    a Qwen-style one (q/k norms inside the RoPE kernel, QKV bias in the GEMV)."""
-    source = render("fast", {**best_options(PRESETS[preset]), "gemv": "triton_fused"})
+_MOE = PRESETS["tiny-moe"].moe
+assert _MOE is not None
+ROUTED_ONLY = dataclasses.replace(PRESETS["tiny-moe"], name="tiny-moe-routed",
+                                  moe=dataclasses.replace(_MOE, shared_intermediate_size=0, shared_gate=False))
+"""tiny-moe without its shared expert, as Qwen3-MoE and Mixtral: the fused layer's own MoE path."""
+
+
+@pytest.mark.parametrize("preset", ["tiny-moe", ROUTED_ONLY, "tiny-qwen"], ids=["tiny-moe", "routed-only", "tiny-qwen"])
+@pytest.mark.parametrize("epilogues", [False, True])
+def test_fused_layer_at_few_rows_moe_and_qk_norm(preset, epilogues, tmp_path, gen):
+    """The fused decode of a MoE model (with a shared expert: the general MoE path; routed experts only:
+    expert ids read on the device, no grouping, `expert_gemv`) and of a Qwen-style one (q/k norms inside the
+    RoPE kernel, QKV bias in the GEMV); with `epilogues`, RoPE and the cache write inside the QKV GEMV and
+    the top-k inside the router GEMV."""
+    spec = PRESETS[preset] if isinstance(preset, str) else preset
+    options = {**best_options(spec), "gemv": "triton_fused", "fused_qkv": True}
+    if epilogues:
+        options |= {"rope": "triton_qkv_epilogue", "routing": "triton_router_epilogue"}
+    source = render("fast", options)
     check(source.replace("FUSED_ROWS = 1\n", "FUSED_ROWS = 3\n"), preset, tmp_path, gen)

@@ -17,6 +17,7 @@ from athanor.traffic.routing import (
     capture_routing,
     capture_topk,
     compare_routing,
+    load_selection_table,
     load_sglang_dump,
     load_vllm_routed_experts,
     parametric_routing,
@@ -105,9 +106,54 @@ def test_sglang_dump_round_trip(tmp_path):
         load_sglang_dump(tmp_path / "other.pt", top_k=2)
 
 
+def test_selection_table_per_layer_rows(tmp_path):
+    """A per-layer selection-frequency CSV (as MoE analysis scripts write, one row per layer and language):
+    each layer's frequencies (rows sum to top_k) become its load; other columns select the rows."""
+    rng = np.random.default_rng(0)
+    freq = {lang: rng.dirichlet(np.ones(8), size=3) * 2 for lang in ("English", "Hebrew")}  # [layers, experts]
+    lines = ["Layer,Language," + ",".join(f"Expert_{e}" for e in range(8))]
+    lines += [f"{i},{lang}," + ",".join(repr(float(x)) for x in freq[lang][i]) for i in range(3) for lang in freq]
+    path = tmp_path / "avg_activation.csv"
+    path.write_text("\n".join(lines) + "\n")
+    got = load_selection_table(path, top_k=2, where={"Language": "Hebrew"})
+    assert got.source == "table:avg_activation.csv[Language=Hebrew]" and got.top_k == 2
+    np.testing.assert_allclose(np.array(got.load), freq["Hebrew"] / 2, atol=1e-12)
+    assert got.distinct[0] == pytest.approx(2.0)
+    with pytest.raises(ConfigError, match="one row per layer"):
+        load_selection_table(path, top_k=2)  # two rows per layer without a selection
+    with pytest.raises(ConfigError, match="no column 'Lang'"):
+        load_selection_table(path, top_k=2, where={"Lang": "Hebrew"})
+
+
 def test_profile_round_trip_and_shape_errors():
     p = parametric_routing(3, 8, 2)
     assert RoutingProfile.from_dict(p.to_dict()) == p
     assert all(abs(sum(row) - 1) < 1e-9 for row in p.load)
     with pytest.raises(ConfigError, match=r"\[3, 8\]"):
         replay_routing(random_model(SPECS["moe-32x4"], seed=1), p, FIT)
+
+
+def test_routing_cli_writes_a_replayable_profile_and_refuses_bad_input(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    def athanor(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "athanor", "traffic", "routing", *args], capture_output=True,
+                              text=True, timeout=120)
+
+    ids = np.stack([np.stack([np.random.default_rng(t * 5 + i).choice(8, 2, replace=False) for i in range(3)])
+                    for t in range(40)])  # [tokens, layers, top_k]
+    np.save(tmp_path / "routed.npy", ids)
+    out = tmp_path / "profile.json"
+    done = athanor(str(tmp_path / "routed.npy"), "--num-experts", "8", "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    profile = RoutingProfile.from_dict(json.loads(out.read_text()))
+    assert (profile.num_layers, profile.num_experts, profile.top_k) == (3, 8, 2)
+    (tmp_path / "t.txt").write_text("x")
+    for args, needle in (((str(tmp_path / "routed.npy"), "-o", str(out)), "--num-experts"),
+                         ((str(tmp_path / "t.txt"), "--top-k", "2", "-o", str(out)), "unknown routing format"),
+                         ((str(tmp_path / "none.csv"), "--top-k", "2", "-o", str(out)), "no such file")):
+        bad = athanor(*args)
+        assert bad.returncode == 2 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+        assert needle in bad.stderr, bad.stderr

@@ -30,10 +30,11 @@ def rope_rows(ROWS, row_offs, mask, d, cos, sin, NW, eps, QK_NORM: tl.constexpr,
     dtype, times w). Rows outside `mask` ([R, 1]) come back as zeros."""
     partner = (d + HEAD_DIM // 2) % HEAD_DIM  # rotate_half(x)[d] = -x[d + D/2] (first half), x[d - D/2]
     ptrs = ROWS + row_offs[:, None]
-    x = tl.load(ptrs + d[None, :], mask=mask, other=0.0)
+    # From L2 (.cg): the rows may have been written by other programs of the same launch (`rope_head`).
+    x = tl.load(ptrs + d[None, :], mask=mask, other=0.0, cache_modifier=".cg")
     dtype = x.dtype
     xf = x.to(tl.float32)
-    xp = tl.load(ptrs + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+    xp = tl.load(ptrs + partner[None, :], mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
     if QK_NORM:
         rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / HEAD_DIM + eps)[:, None]
         w = tl.load(NW + d).to(tl.float32)[None, :]

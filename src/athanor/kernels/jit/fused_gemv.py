@@ -29,6 +29,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from athanor.kernels.jit.moe import route_row
+from athanor.kernels.jit.rope import rope_head
+
 
 @triton.jit
 def fused_gemv_kernel(
@@ -39,6 +42,20 @@ def fused_gemv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     PDL: tl.constexpr, EARLY: tl.constexpr,
 ):
+    gemv_strip(X, X2, W, B, NW, R, Y, WS, TICKETS, M, N, K, eps, x_s0, x2_s0, w_s0, r_s0, y_s0,
+               NORM, SILU, BIAS, RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY)
+
+
+@triton.jit
+def gemv_strip(
+    X, X2, W, B, NW, R, Y, WS, TICKETS, M, N, K, eps, x_s0, x2_s0, w_s0, r_s0, y_s0,
+    NORM: tl.constexpr, SILU: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr, EARLY: tl.constexpr,
+):
+    """The body of `fused_gemv_kernel`, for the kernels that do more after it (`fused_gemv_rope_kernel`,
+    `fused_gemv_route_kernel`). Returns whether this program wrote its strip of Y: always without split-K,
+    only the strip's last split with it."""
     if PDL and EARLY:  # let the next kernel's programs become resident now (see dispatch.PDL_EARLY)
         tl.extra.cuda.gdc_launch_dependents()
     pid_n = tl.program_id(0)
@@ -77,14 +94,73 @@ def fused_gemv_kernel(
         tl.store(WS + tl.program_id(1) * stride + tile, acc)
         tl.debug_barrier()  # every thread's partial is written before the ticket releases them
         ticket = tl.atomic_add(TICKETS + pid_n, 1)  # acq_rel: the partials above are visible to the last
-        if ticket == SPLIT_K - 1:
+        done = ticket == SPLIT_K - 1
+        if done:
             acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for s in tl.static_range(SPLIT_K):
                 acc += tl.load(WS + s * stride + tile, cache_modifier=".cg")  # from L2, not a stale L1
             tl.atomic_xchg(TICKETS + pid_n, 0)  # ready for the next launch (CUDA-graph replays included)
             _epilogue(acc, B, R, Y, rm, rn, n_mask, mask, r_s0, y_s0, BIAS, RESIDUAL)
     else:
+        done = pid_n >= 0
         _epilogue(acc, B, R, Y, rm, rn, n_mask, mask, r_s0, y_s0, BIAS, RESIDUAL)
+    return done
+
+
+@triton.jit
+def last_of_group(TICKET, members):
+    """Whether this program is the last of `members` to get here (an atomic ticket at TICKET, acq_rel: the
+    others' stores before their ticket are visible to it); the last one must `tl.atomic_xchg(TICKET, 0)`."""
+    tl.debug_barrier()  # every thread's stores are issued before the ticket releases them
+    return tl.atomic_add(TICKET, 1) == members - 1
+
+
+@triton.jit
+def fused_gemv_rope_kernel(
+    X, W, B, NW, Y, WS, TICKETS, COS, SIN, POS, SLOTS, K_CACHE, V_CACHE, QN, KN,
+    M, N, K, eps, x_s0, w_s0, y_s0, c_s0, c_s1, c_s2, NUM_Q_HEADS, NUM_KV_HEADS,
+    HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr, BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr, EARLY: tl.constexpr,
+):
+    """The QKV projection of the RMS-normed residual stream X, then what `rope_kernel` does: the last
+    strip of each head to be written (a ticket per head, after the split-K ones) rotates it, q/k-normed
+    first under QK_NORM: a q head in place in Y, a k head into K_CACHE at [slot, head, position]; a v
+    head is copied into V_CACHE. Y [M, (Hq + 2 Hkv) * HEAD_DIM]; BLOCK_N divides HEAD_DIM."""
+    done = gemv_strip(X, X, W, B, NW, Y, Y, WS, TICKETS, M, N, K, eps, x_s0, 0, w_s0, 0, y_s0,
+                      True, False, BIAS, False, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY)
+    if done:
+        head = tl.program_id(0) * BLOCK_N // HEAD_DIM
+        ticket = TICKETS + tl.num_programs(0) + head
+        if last_of_group(ticket, HEAD_DIM // BLOCK_N):
+            for m in tl.static_range(BLOCK_M):
+                if m < M:
+                    rope_head(Y + m * y_s0, head, tl.load(POS + m), tl.load(SLOTS + m), COS, SIN, K_CACHE, V_CACHE,
+                              QN, KN, eps, c_s0, c_s1, c_s2, NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, QK_NORM)
+            tl.atomic_xchg(ticket, 0)
+
+
+@triton.jit
+def fused_gemv_route_kernel(
+    X, W, NW, Y, WS, TICKETS, RB, IDS, TOPW,
+    M, N, K, eps, x_s0, w_s0, y_s0,
+    TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr, EARLY: tl.constexpr,
+):
+    """The router's logits Y [M, E] of the RMS-normed residual stream X, then what `route_kernel` does: the
+    last strip to be written (a ticket over all strips) picks each row's top-k into IDS and TOPW [M, TOP_K]."""
+    done = gemv_strip(X, X, W, W, NW, Y, Y, WS, TICKETS, M, N, K, eps, x_s0, 0, w_s0, 0, y_s0,
+                      True, False, False, False, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY)
+    if done:
+        ticket = TICKETS + tl.num_programs(0)
+        if last_of_group(ticket, tl.num_programs(0)):
+            for m in tl.static_range(BLOCK_M):
+                if m < M:
+                    route_row(Y + m * y_s0, RB, IDS + m * TOP_K, TOPW + m * TOP_K, N, TOP_K, SOFTMAX, RENORM,
+                              HAS_BIAS, BLOCK_E, CHUNK)
+            tl.atomic_xchg(ticket, 0)
 
 
 @triton.jit
@@ -149,6 +225,10 @@ fused_gemv_tuned = triton.autotune(configs=_configs(), key=["M", "N", "K", "NORM
     fused_gemv_kernel)
 """The kernel with BLOCK_N/BLOCK_K and warps/stages chosen per shape on the GPU (the CPU interpreter
 runs `fused_gemv_kernel` with fixed blocks instead: timing configs there measures nothing)."""
+fused_gemv_rope_tuned = triton.autotune(configs=_configs(), key=["M", "N", "K", "QK_NORM", "PDL", "EARLY"])(
+    fused_gemv_rope_kernel)
+fused_gemv_route_tuned = triton.autotune(configs=_configs(), key=["M", "N", "K", "TOP_K", "PDL", "EARLY"])(
+    fused_gemv_route_kernel)
 
 
 @triton.jit

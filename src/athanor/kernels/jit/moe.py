@@ -16,7 +16,8 @@ import triton.language as tl
 def _route_scores(LOGITS, BIAS, e, e_mask, m, denom, SOFTMAX: tl.constexpr, HAS_BIAS: tl.constexpr):
     """(scores, chooser) of the experts e: softmax (given the row's max m and sum of exps denom) or
     sigmoid of the logits; the chooser adds the selection bias and is -inf off e_mask."""
-    logits = tl.load(LOGITS + e, mask=e_mask, other=float("-inf")).to(tl.float32)
+    # From L2 (.cg): the logits may have been written by other programs of the same launch (`route_row`).
+    logits = tl.load(LOGITS + e, mask=e_mask, other=float("-inf"), cache_modifier=".cg").to(tl.float32)
     if SOFTMAX:  # noqa: SIM108 (a statement if on a constexpr: Triton compiles one branch)
         scores = tl.exp(logits - m) / denom
     else:
@@ -41,29 +42,36 @@ def route_kernel(
     if PDL:  # the expert kernel after may become resident now; the logits come from the kernel before
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-    row = LOGITS + tl.program_id(0) * l_s0
+    row = tl.program_id(0)
+    route_row(LOGITS + row * l_s0, BIAS, IDS + row * TOP_K, WEIGHTS + row * TOP_K, E, TOP_K, SOFTMAX, RENORM,
+              HAS_BIAS, BLOCK_E, CHUNK)
+
+
+@triton.jit
+def route_row(ROW, BIAS, IDS, WEIGHTS, E, TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr,
+              HAS_BIAS: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr):
+    """One token's routing: its E logits at ROW -> its top-k ids and weights at IDS, WEIGHTS (see `route_kernel`)."""
     e = tl.arange(0, BLOCK_E)
     e_mask = e < E
     m = 0.0
     denom = 1.0
     if SOFTMAX:
-        logits = tl.load(row + e, mask=e_mask, other=float("-inf")).to(tl.float32)
+        logits = tl.load(ROW + e, mask=e_mask, other=float("-inf"), cache_modifier=".cg").to(tl.float32)
         m = tl.max(logits, axis=0)
         denom = tl.sum(tl.exp(logits - m), axis=0)
-    scores, chooser = _route_scores(row, BIAS, e, e_mask, m, denom, SOFTMAX, HAS_BIAS)
+    scores, chooser = _route_scores(ROW, BIAS, e, e_mask, m, denom, SOFTMAX, HAS_BIAS)
     rank = tl.zeros([BLOCK_E], tl.int32)
     for j0 in tl.static_range(0, BLOCK_E, CHUNK):
         j = j0 + tl.arange(0, CHUNK)
-        _, other = _route_scores(row, BIAS, j, j < E, m, denom, SOFTMAX, HAS_BIAS)
+        _, other = _route_scores(ROW, BIAS, j, j < E, m, denom, SOFTMAX, HAS_BIAS)
         beats = (other[None, :] > chooser[:, None]) | ((other[None, :] == chooser[:, None]) & (j[None, :] < e[:, None]))
         rank += tl.sum(beats.to(tl.int32), axis=1)
     chosen = (rank < TOP_K) & e_mask
     weights = scores
     if RENORM:
         weights = weights / tl.sum(tl.where(chosen, scores, 0.0), axis=0)
-    out = tl.program_id(0) * TOP_K + rank
-    tl.store(IDS + out, e.to(tl.int64), mask=chosen)
-    tl.store(WEIGHTS + out, weights, mask=chosen)
+    tl.store(IDS + rank, e.to(tl.int64), mask=chosen)
+    tl.store(WEIGHTS + rank, weights, mask=chosen)
 
 
 @triton.jit

@@ -43,3 +43,24 @@ def rope_kernel(
     one = tl.zeros([1], tl.int32)
     out = rope_rows(src, one, one[:, None] == 0, d, cos, sin, norm_w, eps, QK_NORM, HEAD_DIM)
     tl.store(dst + one[:, None] + d[None, :], out)
+
+
+@triton.jit
+def rope_head(ROW, head, pos, slot, COS, SIN, K_CACHE, V_CACHE, QN, KN, eps, c_s0, c_s1, c_s2,
+              NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr):
+    """`rope_kernel`'s work for one head of a token's fused QKV row ROW ([(Hq + 2 Hkv) * HEAD_DIM], heads in
+    that order, written by other programs of the launch): a q head rotated in place, a k head rotated into
+    K_CACHE at [slot, head, pos], a v head copied into V_CACHE there."""
+    d = tl.arange(0, HEAD_DIM)
+    one = tl.zeros([1], tl.int32)
+    src = ROW + head * HEAD_DIM
+    if head < NUM_Q_HEADS + NUM_KV_HEADS:
+        cos = tl.load(COS + pos * HEAD_DIM + d).to(tl.float32)
+        sin = tl.load(SIN + pos * HEAD_DIM + d).to(tl.float32)
+        is_q = head < NUM_Q_HEADS
+        out = rope_rows(src, one, one[:, None] == 0, d, cos, sin, tl.where(is_q, QN, KN), eps, QK_NORM, HEAD_DIM)
+        dst = tl.where(is_q, src, K_CACHE + slot * c_s0 + (head - NUM_Q_HEADS) * c_s1 + pos * c_s2)
+        tl.store(dst + one[:, None] + d[None, :], out)
+    else:
+        v = tl.load(src + d, cache_modifier=".cg")
+        tl.store(V_CACHE + slot * c_s0 + (head - NUM_Q_HEADS - NUM_KV_HEADS) * c_s1 + pos * c_s2 + d, v)

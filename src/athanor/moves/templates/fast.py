@@ -21,6 +21,7 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from athanor.kernels import (
+    KVWrite,
     NewToken,
     add_rms_norm,
     decode_attention,
@@ -29,10 +30,12 @@ from athanor.kernels import (
     fused_linear,
     linear,
     moe_experts,
+    qkv_rope_cache,
     rms_norm,
     rope,
     rope_and_cache,
     rope_cache_attention,
+    router_topk,
     use_triton,
 )
 from athanor.kernels import route as route_kernel
@@ -138,6 +141,12 @@ class FastForward:
         # The per-sequence attention loop and the reference MoE loop sync with the host.
         self.graph_safe = (bool(OPTIONS["graphs"]) and OPTIONS["attention"] != "torch_per_seq"
                            and (spec.moe is None or OPTIONS["moe"] != "loop"))
+        # Attention without host syncs (graphs and torch.compile need it; costs a masked full-cache read in torch).
+        self.static = bool(OPTIONS["graphs"]) or OPTIONS["compile"] is not None
+        # RoPE and the cache write inside the fused QKV projection (the fused-GEMV layer only; one-kernel
+        # attention does them itself).
+        self.qkv_epilogue = (OPTIONS["rope"] == "triton_qkv_epilogue" and bool(OPTIONS["fused_qkv"])
+                             and OPTIONS["attention"] != "triton_fused")
         self.layers = [Layer(model, i) for i in range(spec.num_layers)]
         self.embed, self.norm, self.lm_head = model.get("embed"), model.get("norm"), model.get("lm_head")
         self.lm_head = linear_weight(self.lm_head)
@@ -270,11 +279,10 @@ class FastForward:
                 kv_lens: Tensor) -> Tensor:
         """q/k-norm and rotate q and k, write k and v into layer i's cache, attend over kv_lens keys: [B, Hq, D]."""
         kc, vc = self.k_cache[i], self.v_cache[i]
-        static = bool(OPTIONS["graphs"]) or OPTIONS["compile"] is not None
         if OPTIONS["attention"] == "triton_fused":  # RoPE, the q/k norms and the cache write inside attention
             new = NewToken(k, v, self.cos, self.sin, positions, layer.q_norm, layer.k_norm, self.eps)
-            return rope_cache_attention(q, new, kc, vc, slots, kv_lens, static=static, impl=impl("attention"))
-        if OPTIONS["rope"] == "triton_fused_cache":  # the q/k norms inside the same kernel
+            return rope_cache_attention(q, new, kc, vc, slots, kv_lens, static=self.static, impl=impl("attention"))
+        if OPTIONS["rope"] in ("triton_fused_cache", "triton_qkv_epilogue"):  # the q/k norms inside the same kernel
             q = rope_and_cache(q, k, v, self.cos, self.sin, positions, slots, kc, vc, q_norm=layer.q_norm,
                                k_norm=layer.k_norm, eps=self.eps)
         else:
@@ -282,9 +290,27 @@ class FastForward:
             q, k = rope(q, k, self.cos, self.sin, positions, impl=impl("rope"))
             kc[slots, :, positions] = k
             vc[slots, :, positions] = v
+        return self._attention(i, q.contiguous(), slots, kv_lens)
+
+    def _attention(self, i: int, q: Tensor, slots: Tensor, kv_lens: Tensor) -> Tensor:
+        """Attention of rotated q [B, Hq, D] over layer i's cache, which holds the new token already."""
+        kc, vc = self.k_cache[i], self.v_cache[i]
         if OPTIONS["attention"] == "torch_per_seq":
             return decode_attention_per_seq(q, kc, vc, slots, kv_lens)
-        return decode_attention(q.contiguous(), kc, vc, slots, kv_lens, static=static, impl=impl("attention"))
+        return decode_attention(q, kc, vc, slots, kv_lens, static=self.static, impl=impl("attention"))
+
+    def _attend_fused(self, i: int, layer: Layer, h: Tensor, positions: Tensor, slots: Tensor,
+                      kv_lens: Tensor) -> Tensor:
+        """Attention of layer i for the residual stream h: the QKV projection with the RMSNorm inside, then
+        `_attend`; with `qkv_epilogue`, RoPE, the q/k norms and the cache write happen inside the projection
+        too (`qkv_rope_cache`: the last strip of each head rotates it)."""
+        if not self.qkv_epilogue:
+            q, k, v = self._qkv(layer, h, norm=layer.attn_norm)
+            return self._attend(i, layer, q, k, v, positions, slots, kv_lens)
+        kv = KVWrite(self.cos, self.sin, positions, slots, self.k_cache[i], self.v_cache[i], layer.q_norm,
+                     layer.k_norm)
+        q = qkv_rope_cache(h, layer.wqkv, layer.bqkv, layer.attn_norm, self.eps, self.spec.num_heads, kv)
+        return self._attention(i, q, slots, kv_lens)
 
     def decode_layers(self, tokens: Tensor, positions: Tensor, slots: Tensor) -> Tensor:
         """Logits [B, vocab] of one decode step; a pure function of its inputs and the caches (compilable)."""
@@ -312,8 +338,7 @@ class FastForward:
         kv_lens = positions + 1
         h: Tensor = F.embedding(tokens, self.embed)  # [B, H]
         for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, h, norm=layer.attn_norm)
-            attn = self._attend(i, layer, q, k, v, positions, slots, kv_lens)
+            attn = self._attend_fused(i, layer, h, positions, slots, kv_lens)
             h = fused_linear(attn.flatten(1), layer.wo, residual=h)
             if layer.moe:
                 h = self._moe_fused(i, layer, h)
@@ -332,9 +357,13 @@ class FastForward:
         if layer.has_mlp:  # a shared expert: the general path
             return h + self._mlp(i, layer, rms_norm(h, layer.mlp_norm, self.eps, impl=impl("rmsnorm")))
         # The block's RMSNorm is done inside the router's GEMV and again inside the experts' gate/up GEMV.
-        logits = fused_linear(h, layer.router, norm_weight=layer.mlp_norm, eps=self.eps)
-        topk_ids, topk_weights = route_kernel(logits, moe.top_k, moe.scoring, moe.renormalize, layer.router_bias,
-                                              impl=impl("routing"))
+        if OPTIONS["routing"] == "triton_router_epilogue":  # the top-k inside the router's GEMV
+            topk_ids, topk_weights = router_topk(h, layer.router, layer.mlp_norm, self.eps, moe.top_k, moe.scoring,
+                                                 moe.renormalize, layer.router_bias)
+        else:
+            logits = fused_linear(h, layer.router, norm_weight=layer.mlp_norm, eps=self.eps)
+            topk_ids, topk_weights = route_kernel(logits, moe.top_k, moe.scoring, moe.renormalize, layer.router_bias,
+                                                  impl=impl("routing"))
         if self.routing_observer is not None:
             self.routing_observer(i, topk_ids)
         gate_up_w = layer.experts_gate_up
