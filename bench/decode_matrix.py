@@ -94,7 +94,7 @@ def run_cells(cells: list[Cell], out: Path, routing: str | None, budget_s: float
 
     started = time.perf_counter()
     records: list[dict[str, Any]] = []
-    loaded: tuple[str, Any, str] | None = None  # (model name, model or None, load error)
+    loaded: tuple[str, Any, Any, str] | None = None  # (model name, model or None, routing profile, load error)
     model: Any = None
     for cell in cells:
         model_name, candidate, use_compile, batch, context = cell
@@ -103,7 +103,7 @@ def run_cells(cells: list[Cell], out: Path, routing: str | None, budget_s: float
             gc.collect()
             torch.cuda.empty_cache()
             loaded = _load(model_name, routing)
-        _, model, load_error = loaded
+        _, model, profile, load_error = loaded
         base = {"benchmark": "decode", "model": model_name, "candidate": candidate, "compile": use_compile,
                 "batch": batch, "context": context, "part": part}
         if model is None:
@@ -115,7 +115,7 @@ def run_cells(cells: list[Cell], out: Path, routing: str | None, budget_s: float
             try:
                 record = bench_decode(model_name, batch, context, candidate=candidate, use_compile=use_compile,
                                       iters=10 if model.spec.moe is not None else 20, min_time_s=0.5,
-                                      routing=routing, model=model, kernels=kernels)
+                                      routing=routing, model=model, profile=profile, kernels=kernels)
                 record["part"] = part
             except Exception as e:  # recorded, and the next cell runs
                 record = {**base, "status": "error", "error": f"{type(e).__name__}: {e}",
@@ -130,18 +130,20 @@ def run_cells(cells: list[Cell], out: Path, routing: str | None, budget_s: float
     return records
 
 
-def _load(model_name: str, routing: str | None) -> tuple[str, Any, str]:
-    """(name, model, "") or (name, None, why it did not load): a model that fails fails its cells only."""
+def _load(model_name: str, routing: str | None) -> tuple[str, Any, Any, str]:
+    """(name, model, its replayed routing profile or None, "") or (name, None, None, why it did not load): a model
+    that fails fails its cells only."""
     from athanor.model.registry import load_model
     from athanor.moves.decode_bench import replay_routing
 
     try:
         model = load_model(model_name, device="cuda", dtype=torch.bfloat16)
+        profile = None
         if model.spec.moe is not None:
-            model, _ = replay_routing(model, routing, max_batch=max(BATCHES))
-        return model_name, model, ""
+            model, profile = replay_routing(model, routing, max_batch=max(BATCHES))
+        return model_name, model, profile, ""
     except Exception as e:  # recorded for every cell of this model
-        return model_name, None, f"{type(e).__name__}: {e}"
+        return model_name, None, None, f"{type(e).__name__}: {e}"
 
 
 def table(out: Path) -> str:

@@ -6,12 +6,14 @@
 # epilogues) and the A/B without them (rope=triton_fused_cache, routing=triton; AB=0 skips it). qwen3
 # replays the routing profile in $ROUTING (default .routing/qwen3-30b-a3b_gsm8k_en.json, carried: a recorded
 # Qwen3-30B-A3B selection table, see bench/README "Routing"); without the file, the Zipf-parametric one.
-#   ATHANOR_COMMIT=$(git rev-parse HEAD) [AB=0] [ROUTING=FILE] bash bench/gpu_epilogues.sh
+# TESTS_K: a pytest -k expression to run only some tests; ATHANOR_EPILOGUE_EARLY=1: see athanor.kernels.gemv.
+#   ATHANOR_COMMIT=$(git rev-parse HEAD) [AB=0] [ROUTING=FILE] [TESTS_K=EXPR] bash bench/gpu_epilogues.sh
 source "$(dirname "$0")/_gpu_env.sh"
-timeout 240 python3 -m pytest -q -s -m gpu tests/gpu/test_kernels_gpu.py > "$OUT/gpu_tests.log" 2>&1
+timeout 240 python3 -m pytest -q -s -m gpu tests/gpu/test_kernels_gpu.py ${TESTS_K:+-k "$TESTS_K"} > "$OUT/gpu_tests.log" 2>&1
 grep -E "qkv_rope_cache|router_topk|passed|failed|FAILED|Error" "$OUT/gpu_tests.log" | tail -20
 routing=${ROUTING:-.routing/qwen3-30b-a3b_gsm8k_en.json}
 [ -f "$routing" ] || routing=""
+echo "qwen3 routing: ${routing:-Zipf-parametric}"
 mkdir -p /tmp/dense /tmp/moe  # the A/B files, one per kind (MoE keeps gate/up unfused); cells name them no_epilogues
 for kind in dense:llama-3.2-1b moe:qwen3-30b-a3b; do
   python3 -c 'import sys; from athanor.moves import best_options, render; from athanor.model.presets import PRESETS

@@ -7,6 +7,7 @@ templates make it a choice (`gemv` option) rather than a rule.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -61,6 +62,13 @@ def linear(x: Tensor, w: Tensor, bias: Tensor | None = None, gemv: str = "cublas
         return splitk_linear(x, w, bias)
     return F.linear(x, w, bias)
 
+
+EPILOGUE_EARLY = os.environ.get("ATHANOR_EPILOGUE_EARLY", "0") == "1"
+"""Whether the GEMVs with a RoPE or routing epilogue trigger the next launch at their start, as the others do
+(`PDL_EARLY`), or after their weight stream. Early, the attention or expert kernel's programs sit resident
+through the whole projection: measured on an H200 at batch 1 (fd708d0) the step was slower than with a
+separate RoPE / routing kernel (llama-3.2-1b 0.961 vs 0.935 ms, qwen3-30b-a3b 2.833 vs 2.746 ms), and
+attention's time per step rose 2-4x."""
 
 MAX_FUSED_ROWS = 8
 """Most rows `fused_linear` takes in Triton: each row is one more pass over the weight tile in registers."""
@@ -140,7 +148,7 @@ def qkv_rope_cache(h: Tensor, w: Tensor, bias: Tensor | None, norm_weight: Tenso
             num_heads, num_kv)
     if m:
         _launch(fused_gemv_rope_kernel, fused_gemv_rope_tuned, args,
-                {"HEAD_DIM": d, "QK_NORM": norms, "BIAS": bias is not None}, m, n, k)
+                {"HEAD_DIM": d, "QK_NORM": norms, "BIAS": bias is not None}, m, n, k, early=EPILOGUE_EARLY)
     return y.view(m, num_heads + 2 * num_kv, d)[:, :num_heads]
 
 
@@ -168,7 +176,7 @@ def router_topk(h: Tensor, w: Tensor, norm_weight: Tensor, eps: float, top_k: in
     flags = {"TOP_K": top_k, "SOFTMAX": scoring == "softmax", "RENORM": renormalize,
              "HAS_BIAS": selection_bias is not None, "BLOCK_E": next_pow2(n), "CHUNK": min(32, next_pow2(n))}
     if m:
-        _launch(fused_gemv_route_kernel, fused_gemv_route_tuned, args, flags, m, n, k)
+        _launch(fused_gemv_route_kernel, fused_gemv_route_tuned, args, flags, m, n, k, early=EPILOGUE_EARLY)
     return ids, weights
 
 
@@ -177,11 +185,12 @@ def _workspace(m: int, n: int, device: torch.device) -> Tensor:
     return torch.empty(8 * next_pow2(m) * (n + 64), dtype=torch.float32, device=device)
 
 
-def _launch(kernel: Any, tuned: Any, args: tuple[Any, ...], flags: dict[str, Any], m: int, n: int, k: int) -> None:
+def _launch(kernel: Any, tuned: Any, args: tuple[Any, ...], flags: dict[str, Any], m: int, n: int, k: int,
+            early: bool = PDL_EARLY) -> None:
     """A fused-GEMV kernel on its grid: autotuned on the GPU; on the CPU interpreter with fixed small blocks and
     split-K on for long K, so the tests' small shapes take the split path too (timing configs there measures
-    nothing)."""
-    flags = {**flags, "BLOCK_M": next_pow2(m), **pdl(args[0]), "EARLY": PDL_EARLY}
+    nothing). `early`: trigger the next kernel's launch at the start (see `dispatch.PDL_EARLY`)."""
+    flags = {**flags, "BLOCK_M": next_pow2(m), **pdl(args[0]), "EARLY": early}
     if interpreting():
         split = 3 if k >= 192 else 1
         kernel[(cdiv(n, 16), split)](*args, **flags, BLOCK_N=16, BLOCK_K=64, SPLIT_K=split)

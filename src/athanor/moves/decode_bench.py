@@ -20,13 +20,16 @@ import logging
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from athanor.errors import ConfigError
 from athanor.model import Model, ModelSpec
 from athanor.model.spec import kv_cache_bytes
+
+if TYPE_CHECKING:
+    from athanor.traffic.routing import RoutingProfile
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +98,7 @@ def candidate_source(candidate: str, spec: ModelSpec, use_compile: bool, device:
     return source, str(path)
 
 
-def replay_routing(model: Model, profile_path: str | None, max_batch: int) -> tuple[Model, Any]:
+def replay_routing(model: Model, profile_path: str | None, max_batch: int) -> tuple[Model, RoutingProfile]:
     """`model` with router biases fitted to a routing profile (a JSON file, or Zipf-parametric).
 
     The fit runs the reference over real English text (the traffic corpus, as UTF-8 bytes: random
@@ -114,12 +117,13 @@ def replay_routing(model: Model, profile_path: str | None, max_batch: int) -> tu
         profile = parametric_routing(spec.num_layers, moe.num_experts, moe.top_k, max_batch=max_batch)
     texts = [[b + 1 for b in s.encode()][:64] for s in sentences()[:48]]
     biases = fit_router_bias(model, profile, texts, passes=2, iters=200)
-    return apply_router_bias(model, biases), profile
+    return apply_router_bias(model, biases, profile.source), profile
 
 
 def bench_decode(model_name: str, batch: int, context: int, candidate: str = "reference", use_compile: bool = False,
                  device: str = "cuda", dtype: str = "bfloat16", iters: int = 50, min_time_s: float = 1.0,
-                 routing: str | None = None, model: Model | None = None, kernels: bool = False) -> dict[str, Any]:
+                 routing: str | None = None, model: Model | None = None, profile: RoutingProfile | None = None,
+                 kernels: bool = False) -> dict[str, Any]:
     """Time one (model, batch, context, candidate) cell; returns its JSON-ready record.
 
     `kernels`: also profile the timed step (torch.profiler, CUDA) into `kernels` (each kernel's
@@ -127,7 +131,8 @@ def bench_decode(model_name: str, batch: int, context: int, candidate: str = "re
     that no kernel occupies: launch gaps and host waits).
 
     A cell whose KV cache does not fit next to the weights is returned with `status: "does_not_fit"`.
-    `model` may be passed to reuse loaded weights (already routed for MoE) across cells.
+    `model` may be passed to reuse loaded weights (already routed for MoE: then `profile` is the
+    RoutingProfile it replays, which the record cites) across cells.
     """
     from athanor.engine import protocol as p
     from athanor.engine.candidate import Candidate
@@ -142,7 +147,6 @@ def bench_decode(model_name: str, batch: int, context: int, candidate: str = "re
     dev = torch.device(device)
     record: dict[str, Any] = {"benchmark": "decode", "model": model_name, "batch": batch, "context": context,
                               "candidate": candidate, "compile": use_compile, "dtype": dtype, **environment(device)}
-    profile = None
     if model is None:
         model = load_model(model_name, device=dev, dtype=getattr(torch, dtype))
         if model.spec.moe is not None:
