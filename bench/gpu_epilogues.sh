@@ -2,8 +2,9 @@
 # One device call (< 10 min on an H200), issue 7: RoPE + the KV-cache write inside the QKV GEMV
 # (`rope=triton_qkv_epilogue`) and the top-k inside the router GEMV (`routing=triton_router_epilogue`), one
 # kernel fewer per layer each. The GPU kernel tests (new: both epilogues in bf16 inside CUDA graphs), then
-# batch-1 decode at context 1024 per kernel for the three models' best-known candidate (with the
-# epilogues) and the A/B without them (rope=triton_fused_cache, routing=triton; AB=0 skips it). qwen3
+# batch-1 decode at context 1024 per kernel for the three models' best-known candidate and the A/B without
+# the epilogues (rope=triton_fused_cache, routing=triton; AB=0 skips it). At fd708d0 and 11981a0 the best-known
+# candidate had both epilogues for every model; since, only dense models take the RoPE one. qwen3
 # replays the routing profile in $ROUTING (default .routing/qwen3-30b-a3b_gsm8k_en.json, carried: a recorded
 # Qwen3-30B-A3B selection table, see bench/README "Routing"); without the file, the Zipf-parametric one.
 # TESTS_K: a pytest -k expression to run only some tests; ATHANOR_EPILOGUE_EARLY=1: see athanor.kernels.gemv.

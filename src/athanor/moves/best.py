@@ -9,7 +9,11 @@ copies two thirds of the model's weights. `attention` stays split kernel + merge
 attention (`triton_fused`: RoPE, cache write and the merge inside) was slower in the whole step on the
 H200 (llama-3.2-1b 0.955 vs 0.938 ms, qwen3-30b-a3b 2.835 vs 2.753 ms; alone, 6.4 vs 6.6 us and 8.7 vs
 8.6 us a layer); likely because its heavier programs wait resident through the QKV projection's weight
-stream (a guess, not measured).
+stream (a guess, not measured). `rope` is the QKV GEMV's RoPE epilogue (the last strip of each head rotates it
+and writes the cache: one launch fewer a layer) for dense models: on the H200 at batch 1, triggering the next
+launch after its weight stream, llama-3.1-8b 4.237 vs 4.261 ms and llama-3.2-1b 0.932 vs 0.934 ms against the
+separate RoPE kernel (11981a0). MoE keeps the separate RoPE and routing kernels: with both epilogues
+qwen3-30b-a3b took 2.935 vs 2.857 ms (the router GEMV's serial top-k tail; not separated from RoPE's).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ BEST_CUDA: dict[str, Any] = {
     "gemv": "triton_fused",
     "silu_mul": "triton",
     "moe": "triton",
-    "routing": "triton_router_epilogue",
+    "routing": "triton",
     "compile": None,
     "graphs": True,
 }
@@ -50,6 +54,8 @@ def best_options(spec: ModelSpec, device: str = "cuda", lossy: bool = False) -> 
     options = dict(BEST_CUDA if device.startswith("cuda") else BEST_CPU)
     if spec.moe is not None:
         options["fused_gate_up"] = False
+        if device.startswith("cuda"):  # the epilogues measured slower on qwen3-30b-a3b (module docstring)
+            options["rope"], options["routing"] = "triton_fused_cache", "triton"
     if lossy:
         options["linear_dtype"] = "bfloat16"
     return options
