@@ -373,3 +373,20 @@ def test_router_topk_bf16_in_a_graph(dev):
     with torch.cuda.graph(two):
         route(fused_linear(h, w, norm_weight=nw, eps=1e-6), 8, "softmax", True)
     print(f"router_topk 128x2048 top 8: {_ms(graph.replay) * 1e3:.1f} us, GEMV + route kernel {_ms(two.replay) * 1e3:.1f} us")
+
+
+def test_row_kernels_past_two_to_the_31_elements(dev):
+    """A prefill of 76k tokens through an 8B's fused gate|up ([76k, 28672] bf16: 2.2e9 elements) and RMSNorm:
+    row offsets past 2^31 once overflowed int32, an illegal memory access in the tier benchmark (24afa45, 524fe1e)."""
+    from athanor.kernels import rms_norm, silu_mul
+
+    rows, inter = 76_000, 14336
+    gu = torch.empty(rows, 2 * inter, device=dev, dtype=torch.bfloat16)
+    gu[-4:].normal_()
+    out = silu_mul(gu[:, :inter], gu[:, inter:], impl="triton")
+    torch.testing.assert_close(out[-4:], F.silu(gu[-4:, :inter]) * gu[-4:, inter:], **BF16)
+    del out
+    w = torch.randn(4096, device=dev, dtype=torch.bfloat16)
+    big = gu.view(-1, 4096)  # 1.07e6 rows: the last ones start past 2^31
+    y = rms_norm(big, w, 1e-6, impl="triton")
+    torch.testing.assert_close(y[-4:], rms_norm(big[-4:], w, 1e-6, impl="torch"), **BF16)

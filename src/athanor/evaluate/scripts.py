@@ -66,6 +66,34 @@ def prefill_step(prompts: list[list[int]], slots: list[int], starts: list[int], 
                       _long(starts), cu_seqlens=_long(cu), next_tokens=_long(next_tokens), keep_logits=keep_logits)
 
 
+PREFILL_TOKENS = 8192
+"""Most tokens one prefill step of a script carries (vLLM's default token budget per step is of this order):
+a decode shape's setup prefills batch x context tokens, 19 x 4096 for an 8B model at its planned slots,
+whose activations alone (a [76k, 14336] MLP intermediate is 2 GiB) ran the reference engine out of memory
+on an H200; longer setups are split into several steps, prompts packed whole where they fit, chunked (as a
+continued prefill) where one is longer than the budget."""
+
+
+def prefill_steps(prompts: list[list[int]], slots: list[int], starts: list[int], next_tokens: list[int],
+                  keep_logits: bool = False, budget: int = PREFILL_TOKENS) -> list[ScriptStep]:
+    """`prefill_step` split into steps of at most `budget` tokens (see PREFILL_TOKENS): the same cache
+    contents and, for each prompt, the same last-position logits."""
+    pieces = []  # (tokens, slot, start, next token), in order
+    for q, slot, start, nxt in zip(prompts, slots, starts, next_tokens, strict=True):
+        for lo in range(0, len(q), budget):
+            hi = min(lo + budget, len(q))
+            pieces.append((q[lo:hi], slot, start + lo, q[hi] if hi < len(q) else nxt))
+    steps, batch = [], []
+    for piece in pieces:
+        if batch and (sum(len(b[0]) for b in batch) + len(piece[0]) > budget or piece[1] in {b[1] for b in batch}):
+            steps.append(prefill_step(*(list(col) for col in zip(*batch, strict=True)), keep_logits=keep_logits))
+            batch = []
+        batch.append(piece)
+    if batch:
+        steps.append(prefill_step(*(list(col) for col in zip(*batch, strict=True)), keep_logits=keep_logits))
+    return steps
+
+
 def decode_step(tokens: list[int], positions: list[int], slots: list[int], next_tokens: list[int],
                 keep_logits: bool = False) -> ScriptStep:
     return ScriptStep("decode", _long(tokens), _long(positions), _long(slots), _long(positions),
@@ -90,8 +118,8 @@ def decode_script(text: TextSource, shape: StepShape, num_steps: int, warmup: in
         k = min(room, num_steps + warmup - done)
         lens = [max(1, shape.context_len - int(text.rng.integers(0, 3))) for _ in range(b)]
         texts = [text.take(n + k + 1) for n in lens]
-        steps.append(prefill_step([t[:n] for t, n in zip(texts, lens, strict=True)], list(range(b)), [0] * b,
-                                  [t[n] for t, n in zip(texts, lens, strict=True)]))
+        steps += prefill_steps([t[:n] for t, n in zip(texts, lens, strict=True)], list(range(b)), [0] * b,
+                               [t[n] for t, n in zip(texts, lens, strict=True)])
         for j in range(k):
             if done >= warmup:
                 timed.append(len(steps))
@@ -131,10 +159,10 @@ def check_script(text: TextSource, max_seqs: int, max_seq_len: int, num_decode: 
         lens = [max(2, ctx - 2 * i) for i in range(b)]
         texts = [text.take(n + num_decode + 1) for n in lens]
         head = [n // 2 for n in lens]  # first half, then the rest as a continued prefill
-        steps.append(prefill_step([t[:h] for t, h in zip(texts, head, strict=True)], list(range(b)), [0] * b,
-                                  [t[h] for t, h in zip(texts, head, strict=True)], keep_logits=True))
-        steps.append(prefill_step([t[h:n] for t, h, n in zip(texts, head, lens, strict=True)], list(range(b)), head,
-                                  [t[n] for t, n in zip(texts, lens, strict=True)], keep_logits=True))
+        steps += prefill_steps([t[:h] for t, h in zip(texts, head, strict=True)], list(range(b)), [0] * b,
+                               [t[h] for t, h in zip(texts, head, strict=True)], keep_logits=True)
+        steps += prefill_steps([t[h:n] for t, h, n in zip(texts, head, lens, strict=True)], list(range(b)), head,
+                               [t[n] for t, n in zip(texts, lens, strict=True)], keep_logits=True)
         for j in range(num_decode):
             steps.append(decode_step([t[n + j] for t, n in zip(texts, lens, strict=True)], [n + j for n in lens],
                                      list(range(b)), [t[n + j + 1] for t, n in zip(texts, lens, strict=True)],

@@ -23,7 +23,7 @@ RESIDENTS = (3, 1)
 COPYABLE = ("wq", "wk", "wv", "w_gate", "w_up", "shared.w_gate", "shared.w_up", "experts.w_gate", "experts.w_up")
 """Layer weights a candidate may copy in build() (fused QKV and gate/up)."""
 PROCESS_OVERHEAD = 2 * GIB
-"""Per engine worker: the CUDA context, captured graphs' pools, activations, autotuning buffers."""
+"""Per engine worker: the CUDA context, captured graphs' pools, autotuning buffers."""
 USABLE_SHARE = 0.9
 """Of the device's memory; the rest is left for fragmentation and whatever else runs there."""
 
@@ -34,7 +34,8 @@ class MemoryPlan:
 
     max_seqs: int
     fixed_bytes: int
-    """Weights (two workers per tier) and the residents' possible weight copies, with per-worker overhead."""
+    """Weights (two workers per tier) and the residents' possible weight copies, with per-worker overhead and
+    prefill activations."""
     kv_bytes_per_slot: int
     """KV cache of one slot in every resident of both tiers."""
     device_bytes: int
@@ -54,7 +55,8 @@ def plan_engine_slots(spec: ModelSpec, itemsize: int, tier_layers: tuple[int, ..
     for layers in tier_layers:
         sub = spec.with_layers(layers)
         copies = layers * sum(math.prod(shape) for name, shape in layer_weight_shapes(sub).items() if name in COPYABLE)
-        fixed += len(RESIDENTS) * (sub.num_params() * itemsize + PROCESS_OVERHEAD) + RESIDENTS[0] * copies * itemsize
+        fixed += (len(RESIDENTS) * (sub.num_params() * itemsize + PROCESS_OVERHEAD + activation_bytes(spec, itemsize))
+                  + RESIDENTS[0] * copies * itemsize)
         per_slot += sum(RESIDENTS) * kv_cache_bytes(sub, 1, max_seq_len, itemsize)
     budget = int(device_bytes * USABLE_SHARE) - fixed
     slots = min(wanted, budget // per_slot - 1) if budget > 0 else 0
@@ -65,6 +67,18 @@ def plan_engine_slots(spec: ModelSpec, itemsize: int, tier_layers: tuple[int, ..
             f"{per_slot / GIB:.2f} GiB of KV cache per slot at --max-seq-len {max_seq_len}; pass a smaller "
             f"--max-seq-len, a lower-precision --dtype, or a smaller model")
     return MemoryPlan(max_seqs=slots, fixed_bytes=fixed, kv_bytes_per_slot=per_slot, device_bytes=device_bytes)
+
+
+def activation_bytes(spec: ModelSpec, itemsize: int) -> int:
+    """A bound on one prefill step's live activations: a script's step carries at most PREFILL_TOKENS tokens,
+    each holding about three MLP intermediates (gate, up, their product) and six hidden-sized tensors (the
+    residual, norms, attention's q/k/v/out), twice over for the allocator's transient copies."""
+    from athanor.evaluate.scripts import PREFILL_TOKENS
+
+    moe = spec.moe
+    inter = spec.intermediate_size if moe is None else max(moe.top_k * moe.intermediate_size,
+                                                              moe.shared_intermediate_size)
+    return PREFILL_TOKENS * (3 * inter + 6 * spec.hidden_size) * itemsize * 2
 
 
 def device_bytes(device: str) -> int:

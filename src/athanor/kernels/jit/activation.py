@@ -8,7 +8,7 @@ import triton.language as tl
 
 @triton.jit
 def silu_mul_kernel(G, U, Y, g_stride, u_stride, y_stride, N, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # rows x stride passes 2^31 at prefill (76k x 28672 for an 8B gate|up)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < N
     g = tl.load(G + row * g_stride + cols, mask=mask, other=0.0)

@@ -42,7 +42,7 @@ def route_kernel(
     if PDL:  # the expert kernel after may become resident now; the logits come from the kernel before
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)
     route_row(LOGITS + row * l_s0, BIAS, IDS + row * TOP_K, WEIGHTS + row * TOP_K, E, TOP_K, SOFTMAX, RENORM,
               HAS_BIAS, BLOCK_E, CHUNK)
 

@@ -15,7 +15,7 @@ def rms_norm_kernel(
 ):
     if PDL:  # programmatic dependent launch: wait for the kernel that wrote x
         tl.extra.cuda.gdc_wait()
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # rows x stride may pass 2^31
     cols = tl.arange(0, BLOCK)
     mask = cols < H
     x = tl.load(X + row * x_stride + cols, mask=mask, other=0.0)

@@ -19,7 +19,7 @@ def rope_kernel(
     # under QK_NORM: `rope_rows`).
     if PDL:  # launched before the projection that makes q, k, v has finished: wait for it
         tl.extra.cuda.gdc_wait()
-    n = tl.program_id(0)
+    n = tl.program_id(0).to(tl.int64)  # tokens x stride may pass 2^31
     h = tl.program_id(1)
     pos = tl.load(POS + n)
     d = tl.arange(0, HEAD_DIM)

@@ -8,7 +8,7 @@ import triton.language as tl
 
 @triton.jit
 def argmax_kernel(LOGITS, OUT, l_s0, V, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # rows x vocab may pass 2^31
     offs = tl.arange(0, BLOCK)
     best_val = tl.full([BLOCK], float("-inf"), tl.float32)
     best_idx = tl.zeros([BLOCK], tl.int64)
