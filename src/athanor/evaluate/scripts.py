@@ -78,19 +78,25 @@ def prefill_steps(prompts: list[list[int]], slots: list[int], starts: list[int],
                   keep_logits: bool = False, budget: int = PREFILL_TOKENS) -> list[ScriptStep]:
     """`prefill_step` split into steps of at most `budget` tokens (see PREFILL_TOKENS): the same cache
     contents and, for each prompt, the same last-position logits."""
-    pieces = []  # (tokens, slot, start, next token), in order
+    pieces: list[tuple[list[int], int, int, int]] = []  # (tokens, slot, start, next token), in order
     for q, slot, start, nxt in zip(prompts, slots, starts, next_tokens, strict=True):
         for lo in range(0, len(q), budget):
             hi = min(lo + budget, len(q))
             pieces.append((q[lo:hi], slot, start + lo, q[hi] if hi < len(q) else nxt))
-    steps, batch = [], []
+
+    def step(batch: list[tuple[list[int], int, int, int]]) -> ScriptStep:
+        return prefill_step([b[0] for b in batch], [b[1] for b in batch], [b[2] for b in batch],
+                            [b[3] for b in batch], keep_logits=keep_logits)
+
+    steps: list[ScriptStep] = []
+    batch: list[tuple[list[int], int, int, int]] = []
     for piece in pieces:
         if batch and (sum(len(b[0]) for b in batch) + len(piece[0]) > budget or piece[1] in {b[1] for b in batch}):
-            steps.append(prefill_step(*(list(col) for col in zip(*batch, strict=True)), keep_logits=keep_logits))
+            steps.append(step(batch))
             batch = []
         batch.append(piece)
     if batch:
-        steps.append(prefill_step(*(list(col) for col in zip(*batch, strict=True)), keep_logits=keep_logits))
+        steps.append(step(batch))
     return steps
 
 
