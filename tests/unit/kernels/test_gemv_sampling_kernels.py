@@ -105,9 +105,7 @@ def _kv_write(gen, qk_norm: bool, heads_kv: int = 2, d: int = 32, slots_n: int =
 
 
 @triton_only
-@pytest.mark.parametrize("m", [1, 3])
-@pytest.mark.parametrize("qk_norm", [False, True])
-@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize(("m", "qk_norm", "bias"), [(1, False, False), (1, True, False), (3, True, True)])
 def test_qkv_rope_cache_is_the_projection_then_rope_and_cache_bit_for_bit(gen, m, qk_norm, bias):
     """The fused kernel (RoPE by the last strip of each head) equals the two kernels it replaces exactly, and
     their torch composition within fp32 rounding."""

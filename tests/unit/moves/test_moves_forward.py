@@ -158,8 +158,9 @@ ROUTED_ONLY = dataclasses.replace(PRESETS["tiny-moe"], name="tiny-moe-routed",
 """tiny-moe without its shared expert, as Qwen3-MoE and Mixtral: the fused layer's own MoE path."""
 
 
-@pytest.mark.parametrize("preset", ["tiny-moe", ROUTED_ONLY, "tiny-qwen"], ids=["tiny-moe", "routed-only", "tiny-qwen"])
-@pytest.mark.parametrize("epilogues", [False, True])
+@pytest.mark.parametrize(("preset", "epilogues"), [("tiny-moe", False), (ROUTED_ONLY, False), (ROUTED_ONLY, True),
+                                                  ("tiny-qwen", False), ("tiny-qwen", True)],
+                         ids=["tiny-moe", "routed-only", "routed-only-epilogues", "tiny-qwen", "tiny-qwen-epilogues"])
 def test_fused_layer_at_few_rows_moe_and_qk_norm(preset, epilogues, tmp_path, gen):
     """The fused decode of a MoE model (with a shared expert: the general MoE path; routed experts only:
     expert ids read on the device, no grouping, `expert_gemv`) and of a Qwen-style one (q/k norms inside the
