@@ -5,8 +5,10 @@
 # First call:  ATHANOR_COMMIT=$(git rev-parse HEAD) bash bench/gpu_tiers.sh
 # Later calls: copy the returned tiers_run/ to .tiers_run/ in the checkout (git-ignored), carry it
 #              (carry [".whl", ".tiers_run"]) and run with RESUME=1.
-# The engine slots come from athanor.loop.memory (19 for the 8B on an H200): with the old default of 64,
-# and with --max-seqs 32 (at 24afa45), the fourth engine worker ran out of memory.
+# The engine slots come from athanor.loop.memory (16 for the 8B on an H200): with the old default of 64,
+# and with --max-seqs 32 (at 24afa45), the fourth engine worker ran out of memory; at 19 slots (524fe1e) the
+# reference engine did, prefilling a decode shape's 19 x 4096 setup tokens in one step (now <= 8192 a step).
+# At 3491571 the first piece ran 4 candidates cleanly; its store is the one to resume.
 source "$(dirname "$0")/_gpu_env.sh"
 mkdir -p "$OUT/tiers_run"
 flag=""
