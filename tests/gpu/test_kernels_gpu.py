@@ -107,7 +107,7 @@ def test_decode_attention_is_graph_capturable(dev):
 def test_rope_cache_attention_bf16_in_a_graph(dev, hq, hkv, d, qk_norm, batch, context):
     """The fused RoPE + cache write + split-KV + ticket merge against the unfused rope_and_cache + torch attention,
     captured once and replayed with new tokens and lengths (its split tickets must reset every launch)."""
-    from athanor.kernels import NewToken, decode_attention, rope_and_cache, rope_cache_attention
+    from athanor.kernels import KVWrite, decode_attention, rope_and_cache, rope_cache_attention
     from athanor.kernels.attention import decode_attention_torch
 
     max_len = context + 16
@@ -122,11 +122,11 @@ def test_rope_cache_attention_bf16_in_a_graph(dev, hq, hkv, d, qk_norm, batch, c
     positions = torch.randint(0, context, (batch,), device=dev)
     positions[0] = context - 1
     kv_lens = positions + 1
-    new = NewToken(k, v, cos, sin, positions, q_norm=norms[0], k_norm=norms[1], eps=1e-6)
-    rope_cache_attention(q, new, caches[0], caches[1], slots, kv_lens)  # compile outside capture
+    kv = KVWrite(cos, sin, positions, slots, caches[0], caches[1], *norms)
+    rope_cache_attention(q, k, v, kv, kv_lens, 1e-6)  # compile outside capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = rope_cache_attention(q, new, caches[0], caches[1], slots, kv_lens)
+        out = rope_cache_attention(q, k, v, kv, kv_lens, 1e-6)
     for _ in range(3):
         qkv.copy_(torch.randn_like(qkv))
         positions.copy_(torch.randint(0, context, (batch,), device=dev))

@@ -90,11 +90,13 @@ def prefill_steps(prompts: list[list[int]], slots: list[int], starts: list[int],
 
     steps: list[ScriptStep] = []
     batch: list[tuple[list[int], int, int, int]] = []
-    for piece in pieces:
-        if batch and (sum(len(b[0]) for b in batch) + len(piece[0]) > budget or piece[1] in {b[1] for b in batch}):
+    tokens = 0
+    for piece in pieces:  # one slot's chunks are budget-sized but the last, so never two in one step
+        if batch and tokens + len(piece[0]) > budget:
             steps.append(step(batch))
-            batch = []
+            batch, tokens = [], 0
         batch.append(piece)
+        tokens += len(piece[0])
     if batch:
         steps.append(step(batch))
     return steps

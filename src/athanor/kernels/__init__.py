@@ -11,7 +11,7 @@ package imports without Triton.
 """
 
 from athanor.kernels.activation import silu_mul
-from athanor.kernels.attention import NewToken, decode_attention, num_kv_splits, rope_cache_attention
+from athanor.kernels.attention import decode_attention, num_kv_splits, rope_cache_attention
 from athanor.kernels.dispatch import HAS_TRITON, use_triton
 from athanor.kernels.gemv import fused_linear, linear, qkv_rope_cache, router_topk, splitk_linear
 from athanor.kernels.moe import (
@@ -32,7 +32,6 @@ __all__ = [
     "HAS_TRITON",
     "ExpertGroups",
     "KVWrite",
-    "NewToken",
     "add_rms_norm",
     "decode_attention",
     "decode_attention_per_seq",

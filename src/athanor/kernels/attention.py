@@ -9,13 +9,12 @@ no host syncs, so it can be captured in a CUDA graph at any context length.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from athanor.kernels.dispatch import Impl, cdiv, next_pow2, pdl, tickets, use_triton
-from athanor.kernels.rope import rope_and_cache
+from athanor.kernels.rope import KVWrite, rope_and_cache
 
 BLOCK_N = 64
 """Keys per tile of the Triton kernel."""
@@ -75,40 +74,27 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
     return _launch(q, k_cache, v_cache, slots, kv_lens, num_splits, None)
 
 
-@dataclass(frozen=True)
-class NewToken:
-    """The decode step's new token per sequence, not yet rotated nor in the cache: what `rope_and_cache`
-    takes besides q. k, v: [B, Hkv, D]; cos, sin: [max_seq_len, D] tables; positions: [B] int64;
-    q_norm, k_norm: Qwen3's per-head RMSNorm weights [D] (or None), with their eps."""
-
-    k: Tensor
-    v: Tensor
-    cos: Tensor
-    sin: Tensor
-    positions: Tensor
-    q_norm: Tensor | None = None
-    k_norm: Tensor | None = None
-    eps: float = 0.0
-
-
-def rope_cache_attention(q: Tensor, new: NewToken, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor,
+def rope_cache_attention(q: Tensor, k: Tensor, v: Tensor, kv: KVWrite, kv_lens: Tensor, eps: float = 0.0,
                          num_splits: int | None = None, static: bool = False, impl: Impl = None) -> Tensor:
-    """`rope_and_cache` then `decode_attention`, in one Triton kernel: q and the new k are q/k-normed and
-    rotated in registers, the program whose key slice holds the new position writes k and v into the cache
-    before reading it, and the last split of each KV head to finish merges the splits. Returns [B, Hq, D].
+    """`rope_and_cache` then `decode_attention`, in one Triton kernel: q and the new k are q/k-normed (with
+    `eps`) and rotated in registers, the program whose key slice holds the new position writes k and v into
+    `kv`'s caches before reading them, and the last split of each KV head to finish merges the splits.
+    Returns [B, Hq, D].
 
-    q: [B, Hq, D], not rotated (a strided view of a fused QKV output is fine); kv_lens: positions + 1.
+    q: [B, Hq, D], k, v: [B, Hkv, D], not rotated (strided views of a fused QKV output are fine); kv_lens:
+    positions + 1.
     """
     if not use_triton(q, impl):
-        q = rope_and_cache(q, new.k, new.v, new.cos, new.sin, new.positions, slots, k_cache, v_cache, impl="torch",
-                           q_norm=new.q_norm, k_norm=new.k_norm, eps=new.eps)
-        return decode_attention_torch(q, k_cache, v_cache, slots, kv_lens, static)
-    return _launch(q, k_cache, v_cache, slots, kv_lens, num_splits, new)
+        q = rope_and_cache(q, k, v, kv.cos, kv.sin, kv.positions, kv.slots, kv.k_cache, kv.v_cache, impl="torch",
+                           q_norm=kv.q_norm, k_norm=kv.k_norm, eps=eps)
+        return decode_attention_torch(q, kv.k_cache, kv.v_cache, kv.slots, kv_lens, static)
+    return _launch(q, kv.k_cache, kv.v_cache, kv.slots, kv_lens, num_splits, (k, v, kv, eps))
 
 
 def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor, num_splits: int | None,
-            new: NewToken | None) -> Tensor:
-    """The Triton path: split kernel + merge kernel, or (`new` given) the fused kernel with its ticket merge."""
+            new: tuple[Tensor, Tensor, KVWrite, float] | None) -> Tensor:
+    """The Triton path: split kernel + merge kernel, or (`new`: the new token's k, v, where they go, the q/k norms'
+    eps) the fused kernel with its ticket merge."""
     from athanor.kernels.jit.attention import decode_attention_merge_kernel, decode_attention_split_kernel
 
     b, hq, d = q.shape
@@ -122,15 +108,16 @@ def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens:
     out = torch.empty((b, hq, d), dtype=q.dtype, device=q.device)
     if b == 0:
         return out
+    norms = False
     if new is not None:
-        assert new.k.stride(2) == 1 and new.v.stride(2) == 1 and new.cos.is_contiguous() and new.sin.is_contiguous()
+        k, v, kv, eps = new
+        assert k.stride(2) == 1 and v.stride(2) == 1 and kv.cos.is_contiguous() and kv.sin.is_contiguous()
         assert b * hkv <= tickets(q.device).numel()
-        norms = new.q_norm is not None and new.k_norm is not None
-        fused = (new.k, new.v, new.cos, new.sin, new.positions, new.q_norm if norms else new.cos,
-                 new.k_norm if norms else new.cos, new.eps)
-        new_strides = (new.k.stride(0), new.k.stride(1), new.v.stride(0), new.v.stride(1))
+        norms = kv.q_norm is not None and kv.k_norm is not None
+        fused = (k, v, kv.cos, kv.sin, kv.positions, kv.q_norm if norms else kv.cos, kv.k_norm if norms else kv.cos,
+                 eps)
+        new_strides = (k.stride(0), k.stride(1), v.stride(0), v.stride(1))
     else:
-        norms = False
         fused = (q, q, q, q, slots, q, q, 0.0)  # stand-ins: unread without ROPE
         new_strides = (0, 0, 0, 0)
     decode_attention_split_kernel[(b, hkv, splits)](

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 from athanor.errors import ConfigError
+from athanor.evaluate.scripts import PREFILL_TOKENS
 from athanor.model.spec import ModelSpec, kv_cache_bytes, layer_weight_shapes
 
 GIB = 1 << 30
@@ -73,8 +74,6 @@ def activation_bytes(spec: ModelSpec, itemsize: int) -> int:
     """A bound on one prefill step's live activations: a script's step carries at most PREFILL_TOKENS tokens,
     each holding about three MLP intermediates (gate, up, their product) and six hidden-sized tensors (the
     residual, norms, attention's q/k/v/out), twice over for the allocator's transient copies."""
-    from athanor.evaluate.scripts import PREFILL_TOKENS
-
     moe = spec.moe
     inter = spec.intermediate_size if moe is None else max(moe.top_k * moe.intermediate_size,
                                                               moe.shared_intermediate_size)

@@ -84,7 +84,7 @@ def test_per_seq_attention_paths_agree(gen, slots, kv_lens):
 def test_rope_cache_attention_is_rope_and_cache_then_attention(gen, impl, hq, hkv, num_splits, qk_norm, d):
     """The fused kernel against its two steps: the same output, and the same caches afterwards (the new
     token's rotated k and its v written, nothing else touched)."""
-    from athanor.kernels import NewToken, rope_and_cache, rope_cache_attention
+    from athanor.kernels import KVWrite, rope_and_cache, rope_cache_attention
 
     b, max_len, slots_n = 3, 200, 5
     qkv = torch.randn(b, hq + 2 * hkv, d, generator=gen)  # q, k, v as views of one fused projection
@@ -99,10 +99,10 @@ def test_rope_cache_attention_is_rope_and_cache_then_attention(gen, impl, hq, hk
     rq = rope_and_cache(q, k, v, cos, sin, positions, slots, expected_k, expected_v, impl="torch",
                         q_norm=norms[0], k_norm=norms[1], eps=1e-6)
     expected = _expected(rq, expected_k, expected_v, slots, kv_lens)
-    new = NewToken(k, v, cos, sin, positions, q_norm=norms[0], k_norm=norms[1], eps=1e-6)
     for _ in range(2):  # twice: the split tickets are reset for the next launch
         k_cache, v_cache = caches[0].clone(), caches[1].clone()
-        out = rope_cache_attention(q, new, k_cache, v_cache, slots, kv_lens, num_splits=num_splits, impl=impl)
+        kv = KVWrite(cos, sin, positions, slots, k_cache, v_cache, *norms)
+        out = rope_cache_attention(q, k, v, kv, kv_lens, 1e-6, num_splits=num_splits, impl=impl)
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(k_cache, expected_k, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(v_cache, expected_v)

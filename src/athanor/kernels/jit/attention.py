@@ -21,6 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from athanor.kernels.jit.tickets import last_of_group
+
 
 @triton.jit
 def rope_rows(ROWS, row_offs, mask, d, cos, sin, NW, eps, QK_NORM: tl.constexpr, HEAD_DIM: tl.constexpr):
@@ -116,9 +118,8 @@ def decode_attention_split_kernel(
         tl.store(o_ptrs, out, mask=g_mask[:, None])
         tl.store(LSE_PART + b * l_s0 + heads * l_s1 + split, lse, mask=g_mask)
         if MERGE:
-            tl.debug_barrier()  # every thread's partial is written before the ticket releases them
             ticket_ptr = TICKETS + b * tl.num_programs(1) + hk
-            if tl.atomic_add(ticket_ptr, 1) == NUM_SPLITS - 1:  # acq_rel: the last split sees every partial
+            if last_of_group(ticket_ptr, NUM_SPLITS):  # the last split sees every partial
                 hh = tl.arange(0, BLOCK_H)
                 merge_heads(O_PART + b * o_s0, LSE_PART + b * l_s0, OUT + b * out_s0, hk * GROUP + hh, hh < GROUP,
                             o_s1, o_s2, l_s1, out_s1, NUM_SPLITS, BLOCK_H, BLOCK_S, S_CHUNK, HEAD_DIM)

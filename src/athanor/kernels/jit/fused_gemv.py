@@ -31,6 +31,7 @@ import triton.language as tl
 
 from athanor.kernels.jit.moe import route_row
 from athanor.kernels.jit.rope import rope_head
+from athanor.kernels.jit.tickets import last_of_group
 
 
 @triton.jit
@@ -92,9 +93,7 @@ def gemv_strip(
         tile = pid_n * BLOCK_M * BLOCK_N + rm[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
         stride = tl.num_programs(0) * BLOCK_M * BLOCK_N
         tl.store(WS + tl.program_id(1) * stride + tile, acc)
-        tl.debug_barrier()  # every thread's partial is written before the ticket releases them
-        ticket = tl.atomic_add(TICKETS + pid_n, 1)  # acq_rel: the partials above are visible to the last
-        done = ticket == SPLIT_K - 1
+        done = last_of_group(TICKETS + pid_n, SPLIT_K)
         if done:
             acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for s in tl.static_range(SPLIT_K):
@@ -105,14 +104,6 @@ def gemv_strip(
         done = pid_n >= 0
         _epilogue(acc, B, R, Y, rm, rn, n_mask, mask, r_s0, y_s0, BIAS, RESIDUAL)
     return done
-
-
-@triton.jit
-def last_of_group(TICKET, members):
-    """Whether this program is the last of `members` to get here (an atomic ticket at TICKET, acq_rel: the
-    others' stores before their ticket are visible to it); the last one must `tl.atomic_xchg(TICKET, 0)`."""
-    tl.debug_barrier()  # every thread's stores are issued before the ticket releases them
-    return tl.atomic_add(TICKET, 1) == members - 1
 
 
 @triton.jit
@@ -289,9 +280,7 @@ def expert_gemv_kernel(
         strips = tl.num_programs(0)
         tile = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
         tl.store(WS + pair * strips * BLOCK_N + tile, acc)
-        tl.debug_barrier()
-        ticket = tl.atomic_add(TICKETS + token * strips + pid_n, 1)  # acq_rel, as in fused_gemv_kernel
-        if ticket == TOP_K - 1:
+        if last_of_group(TICKETS + token * strips + pid_n, TOP_K):
             acc = tl.zeros([1, BLOCK_N], tl.float32)
             for j in tl.static_range(TOP_K):
                 acc += tl.load(WS + (token * TOP_K + j) * strips * BLOCK_N + tile, cache_modifier=".cg")

@@ -22,7 +22,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from athanor.kernels import (
     KVWrite,
-    NewToken,
     add_rms_norm,
     decode_attention,
     decode_attention_per_seq,
@@ -280,8 +279,8 @@ class FastForward:
         """q/k-norm and rotate q and k, write k and v into layer i's cache, attend over kv_lens keys: [B, Hq, D]."""
         kc, vc = self.k_cache[i], self.v_cache[i]
         if OPTIONS["attention"] == "triton_fused":  # RoPE, the q/k norms and the cache write inside attention
-            new = NewToken(k, v, self.cos, self.sin, positions, layer.q_norm, layer.k_norm, self.eps)
-            return rope_cache_attention(q, new, kc, vc, slots, kv_lens, static=self.static, impl=impl("attention"))
+            return rope_cache_attention(q, k, v, self._kv_write(i, layer, positions, slots), kv_lens, self.eps,
+                                        static=self.static, impl=impl("attention"))
         if OPTIONS["rope"] in ("triton_fused_cache", "triton_qkv_epilogue"):  # the q/k norms inside the same kernel
             q = rope_and_cache(q, k, v, self.cos, self.sin, positions, slots, kc, vc, q_norm=layer.q_norm,
                                k_norm=layer.k_norm, eps=self.eps)
@@ -307,10 +306,14 @@ class FastForward:
         if not self.qkv_epilogue:
             q, k, v = self._qkv(layer, h, norm=layer.attn_norm)
             return self._attend(i, layer, q, k, v, positions, slots, kv_lens)
-        kv = KVWrite(self.cos, self.sin, positions, slots, self.k_cache[i], self.v_cache[i], layer.q_norm,
-                     layer.k_norm)
+        kv = self._kv_write(i, layer, positions, slots)
         q = qkv_rope_cache(h, layer.wqkv, layer.bqkv, layer.attn_norm, self.eps, self.spec.num_heads, kv)
         return self._attention(i, q, slots, kv_lens)
+
+    def _kv_write(self, i: int, layer: Layer, positions: Tensor, slots: Tensor) -> KVWrite:
+        """Where layer i's new keys and values go, and the tables and norms they are rotated with."""
+        return KVWrite(self.cos, self.sin, positions, slots, self.k_cache[i], self.v_cache[i], layer.q_norm,
+                       layer.k_norm)
 
     def decode_layers(self, tokens: Tensor, positions: Tensor, slots: Tensor) -> Tensor:
         """Logits [B, vocab] of one decode step; a pure function of its inputs and the caches (compilable)."""
