@@ -15,5 +15,12 @@ flag=""
 if [ -n "${RESUME:-}" ]; then
   cp -r .tiers_run/. "$OUT/tiers_run/" && flag=--resume
 fi
+lanes=""
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+  lanes="--devices cuda:0,cuda:1"  # one lane per GPU (nvidia-h200-x2): twice the candidates per call
+fi
 timeout 570 python3 bench/tiers.py --model llama-3.1-8b --device cuda --dtype bfloat16 --candidates 30 \
-  --run-dir "$OUT/tiers_run" --time-limit 330 --out "$OUT" $flag 2>&1 | tail -12
+  --run-dir "$OUT/tiers_run" --time-limit "${TIME_LIMIT:-330}" --out "$OUT" $lanes $flag -v > "$OUT/tiers.log" 2>&1
+echo "tiers rc=$?"
+grep -E "cascade: (correctness|timing|slow|smoke)|supervisor: engine worker" "$OUT/tiers.log" | cut -c12-220 | tail -60
+grep -vE " (athanor|root|triton|torch)[.:a-z_]*: " "$OUT/tiers.log" | tail -40

@@ -35,10 +35,13 @@ Spearman >= 0.8, no miss of the slow tier's best, >= 5x more candidates screened
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +135,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--devices", default="", help="comma-separated devices, one lane each (e.g. cuda:0,cuda:1); "
+                                                  "default: --device")
+    ap.add_argument("-v", "--verbose", action="store_true", help="log the evaluations' progress at INFO level")
     ap.add_argument("--dtype", default="")
     ap.add_argument("--traffic", default="preset:chat")
     ap.add_argument("--candidates", type=int, default=30)
@@ -146,14 +152,22 @@ def main() -> int:
     args = ap.parse_args()
     if args.resume and not args.run_dir:
         ap.error("--resume needs --run-dir")
-    config = CompileConfig(model=args.model, traffic=args.traffic, device=args.device, dtype=args.dtype,
-                           max_seqs=args.max_seqs, max_seq_len=args.max_seq_len, seed=args.seed, budget_s=args.budget)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(threadName)s %(name)s: %(message)s")
+    devices = [d.strip() for d in (args.devices or args.device).split(",") if d.strip()]
+
+    def compile_config(device: str) -> CompileConfig:
+        return CompileConfig(model=args.model, traffic=args.traffic, device=device, dtype=args.dtype,
+                             max_seqs=args.max_seqs, max_seq_len=args.max_seq_len, seed=args.seed,
+                             budget_s=args.budget)
+
+    config = compile_config(devices[0])
     spec = load_spec(args.model)
     agent = VariantSearch(VariantConfig(device="cpu" if config.on_cpu else "cuda", moe=spec.moe is not None,
                                         seed=args.seed))
     reference = baseline_candidate()
-    with tempfile.TemporaryDirectory(prefix="athanor-tiers-") as tmp, \
-            Evaluator(config.evaluate_config("fast")) as fast, Evaluator(config.evaluate_config("slow")) as slow:
+    lock = threading.Lock()  # the agent, the store and the rows are shared by the lanes
+    with tempfile.TemporaryDirectory(prefix="athanor-tiers-") as tmp:
         store = open_store(Path(args.run_dir or tmp))
         runs = store.runs(limit=1)
         if args.resume:
@@ -170,27 +184,54 @@ def main() -> int:
             store.add_candidate(run.id, reference.source, author="reference")
             rows = []
         started = time.perf_counter()
-        while len(rows) < args.candidates:
-            if args.time_limit and time.perf_counter() - started > args.time_limit:
-                print(f"--time-limit {args.time_limit:.0f} s reached: resume to go on", file=sys.stderr)
-                break
-            proposals = agent.propose(AgentContext(run_id=run.id, incumbent_id=reference.id,
-                                                   incumbent_source=reference.source))
-            if not proposals:
-                print("the variant agent has nothing new to propose", file=sys.stderr)
-                break
-            p = proposals[0]
-            cand = Candidate.from_source(p.source, parent=p.parent_id, author=p.author, description=p.description)
-            store.add_candidate(run.id, cand.source, parent_id=p.parent_id, author=p.author, description=p.description)
-            fast_record = store.record_verdict(run.id, fast.evaluate(cand, reference).to_dict(), tier="fast")
-            agent.observe([fast_record])
-            slow_record = store.record_verdict(run.id, slow.evaluate(cand, reference).to_dict(), tier="slow")
-            rows.append(_row(cand.id, p.description, fast_record, slow_record))
-            r = rows[-1]
-            print(f"{len(rows):3d} {cand.id} fast x{r['fast_speedup']:.3f} ({r['fast_stage']}, {r['fast_wall_s']:.0f} s)"
-                  f"  slow x{r['slow_speedup']:.3f} ({r['slow_stage']}, {r['slow_wall_s']:.0f} s)  {p.description[:60]}",
-                  file=sys.stderr, flush=True)
-    record = {"benchmark": "tiers", "model": args.model, "device": args.device, "traffic": args.traffic,
+        in_flight = [0]
+
+        def lane(device: str) -> None:
+            """Propose, screen and confirm candidates one after the other on `device` (its own engines;
+            lanes on different GPUs share nothing but the agent and the store)."""
+            lane_config = compile_config(device)
+            with Evaluator(lane_config.evaluate_config("fast")) as fast, \
+                    Evaluator(lane_config.evaluate_config("slow")) as slow:
+                while True:
+                    with lock:
+                        if len(rows) + in_flight[0] >= args.candidates:
+                            return
+                        if args.time_limit and time.perf_counter() - started > args.time_limit:
+                            print(f"{device}: --time-limit {args.time_limit:.0f} s reached: resume to go on",
+                                  file=sys.stderr)
+                            return
+                        proposals = agent.propose(AgentContext(run_id=run.id, incumbent_id=reference.id,
+                                                               incumbent_source=reference.source))
+                        if not proposals:
+                            print("the variant agent has nothing new to propose", file=sys.stderr)
+                            return
+                        p = proposals[0]
+                        cand = Candidate.from_source(p.source, parent=p.parent_id, author=p.author,
+                                                     description=p.description)
+                        store.add_candidate(run.id, cand.source, parent_id=p.parent_id, author=p.author,
+                                            description=p.description)
+                        in_flight[0] += 1
+                    fast_verdict = fast.evaluate(cand, reference).to_dict()
+                    with lock:
+                        fast_record = store.record_verdict(run.id, fast_verdict, tier="fast")
+                        agent.observe([fast_record])
+                    slow_verdict = slow.evaluate(cand, reference).to_dict()
+                    with lock:
+                        slow_record = store.record_verdict(run.id, slow_verdict, tier="slow")
+                        in_flight[0] -= 1
+                        rows.append(_row(cand.id, p.description, fast_record, slow_record))
+                        r = rows[-1]
+                        print(f"{len(rows):3d} {device} {cand.id} fast x{r['fast_speedup']:.3f} ({r['fast_stage']}, "
+                              f"{r['fast_wall_s']:.0f} s)  slow x{r['slow_speedup']:.3f} ({r['slow_stage']}, "
+                              f"{r['slow_wall_s']:.0f} s)  {p.description[:60]}", file=sys.stderr, flush=True)
+
+        with ThreadPoolExecutor(len(devices)) as pool:
+            for done in [pool.submit(lane, d) for d in devices]:
+                done.result()
+        order = {c.id: i for i, c in enumerate(store.candidates(run.id))}
+        rows.sort(key=lambda r: order[r["candidate_id"]])  # lanes finish out of order; the replay wants proposals'
+    record = {"benchmark": "tiers", "model": args.model, "device": args.device, "lanes": devices,
+              "traffic": args.traffic,
               "fast_layers": config.evaluate_config("fast").fast_layers,
               "max_seqs": config.evaluate_config("slow").max_seqs, "wall_s": time.perf_counter() - started,
               "candidates": rows, **figures(rows), "equal_budget": equal_budget(rows, args.budget, config.reserve_s)}

@@ -70,6 +70,9 @@ def boot(config: EngineConfig) -> Engine:
 
     from athanor.engine.core import Engine
 
+    if config.device.startswith("cuda:"):
+        # Triton launches and CUDA graphs run on the current device, not the one a tensor names
+        torch.cuda.set_device(torch.device(config.device))
     if config.cpu_threads:
         torch.set_num_threads(config.cpu_threads)
     elif config.device == "cpu":

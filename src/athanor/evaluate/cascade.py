@@ -200,7 +200,9 @@ class Evaluator:
     def _checked(self, engines: TierEngines, ids: tuple[str, ...], script: scripts.Script, seed: int,
                  timeout_s: float, stage: str) -> Comparison | None:
         """Run `script` on the candidate engine and the reference; Rejected unless the candidate matches."""
+        t0 = time.perf_counter()
         reply = engines.run(ids, script, seed, timeout_s)
+        t1 = time.perf_counter()
         if reply.status != "ok":
             raise Rejected(stage, f"{reply.status}: {_first(reply.error)}")
         if stage == "smoke":  # runs and returns finite [B, vocab] logits; matching is the next stage's
@@ -210,8 +212,14 @@ class Evaluator:
             return None
         ref = engines.run_reference(script, seed, timeout_s)
         bound = QUALITY_SLACK * max(self._checked_dev, 1.0) if stage in ("timing", "slow") else float("inf")
+        t2 = time.perf_counter()
         cmp = compare(reply, ref, 1, self.dtype, bitwise=self.config.bitwise, quality=self.config.quality,
                       max_fingerprint_dev=bound)
+        # Where an evaluation's time goes (a fast tier is worth only what it saves over the slow one):
+        # the timed windows are the part that measures; the rest is set-up, checks and transfers.
+        timed_s = float(reply.times_s.sum()) if reply.times_s is not None else 0.0
+        log.info("%s: %d steps; candidate engine %.2f s (timed %.2f s), reference %.2f s, compare %.2f s",
+                 stage, len(script.steps), t1 - t0, timed_s, t2 - t1, time.perf_counter() - t2)
         if stage == "correctness":
             self._checked_dev = cmp.fingerprint_dev
         if not cmp.ok:
