@@ -295,9 +295,10 @@ class Evaluator:
         cfg = self.config
         times = np.concatenate(chunks, axis=1)
         done, spent = times.shape[1], float(times.sum())
+        worth = max(8, first // 2)  # a round too small to move the interval is not worth its set-up and checks
         if len(chunks) == 1:
             budgeted = pairs_for_budget(chunks[0], cfg.timing_budget_s, first, cfg.max_pairs) - done
-            if budgeted > 0:
+            if budgeted >= worth:
                 return budgeted
         a, c = times[0], times[2]
         aa = speedup_interval(a, c, is_paired(a, c))
@@ -306,7 +307,7 @@ class Evaluator:
         left_s = cfg.max_budget_factor * cfg.timing_budget_s - spent
         per_pair_s = spent / done
         more = min(done, cfg.max_pairs - done, int(left_s / per_pair_s))
-        if more < max(8, first // 2):  # a round too small to move the interval is not worth its checks
+        if more < worth:
             return 0
         log.info("A/A interval of this shape [%.3f, %.3f] is wider than ±%.1f%%: %d more pairs",
                  aa.ci_low, aa.ci_high, 100 * cfg.precision, more)

@@ -12,7 +12,7 @@ import pytest
 
 from athanor.cli import main
 from athanor.errors import ConfigError
-from athanor.evaluate import QualityBudget
+from athanor.evaluate import EvaluateConfig, QualityBudget
 from athanor.loop import CompileConfig, compile_session
 from athanor.store import open_store
 
@@ -137,3 +137,16 @@ def test_quality_mode_is_recorded_and_kept_on_resume(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--quality-budget kl=0.01,ppl=0.02"):
         compile_session(_config(out, resume=True, quality=QualityBudget(max_kl=0.1)))
     assert compile_session(_config(out, resume=True, quality=budget), on_event=interrupt_at_start).interrupted
+
+
+def test_gpu_fast_tier_is_a_cheaper_screen_and_the_slow_tier_keeps_the_defaults() -> None:
+    # max_seqs given: no CUDA device is needed to size the engines
+    config = CompileConfig(model="tiny-dense", device="cuda", max_seqs=8, max_seq_len=512)
+    fast, slow = config.evaluate_config("fast"), config.evaluate_config("slow")
+    defaults = EvaluateConfig(model="tiny-dense")
+    assert (slow.decode_pairs, slow.prefill_pairs, slow.max_decode_shapes, slow.max_budget_factor, slow.check_tokens) \
+        == (defaults.decode_pairs, defaults.prefill_pairs, defaults.max_decode_shapes, defaults.max_budget_factor,
+            defaults.check_tokens)
+    assert fast.decode_pairs < slow.decode_pairs and fast.prefill_pairs < slow.prefill_pairs
+    assert fast.max_decode_shapes == 1 and 0 < fast.check_tokens
+    assert (fast.max_seqs, fast.max_seq_len) == (slow.max_seqs, slow.max_seq_len) == (8, 512)
