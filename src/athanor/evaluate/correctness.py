@@ -6,8 +6,8 @@ evaluator's process, so a candidate cannot reach it either. Checked per run:
 
 - no NaN or infinity (outputs are poisoned before each run, so a candidate that skips writing
   them shows NaN);
-- kept logits within the dtype's tolerance (|c - r| <= atol + rtol |r|), or identical with
-  `bitwise`;
+- kept logits within the dtype's tolerance (|c - r| <= atol + rtol |r|; a tail of at most
+  `OUTLIER_SHARE` of them within `OUTLIER_SLACK` times it), or identical with `bitwise`;
 - every row's fingerprint (projections on random unit directions, max, logsumexp) within the
   same tolerance, loosened by `FINGERPRINT_SLACK` for the sum over the vocabulary;
 - greedy agreement: the argmax equals the reference's, except where the reference's top-2 margin
@@ -39,6 +39,14 @@ TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
 }
 """(atol, rtol) on logits per compute dtype; other dtypes (fp8, ...) use bf16's."""
 FINGERPRINT_SLACK = 4.0
+OUTLIER_SHARE = 1e-5
+"""Share of the kept logits that may lie beyond the dtype's tolerance, though never beyond
+`OUTLIER_SLACK` times it. A reordered low-precision accumulation (split-K, fused epilogues) leaves a
+near-Gaussian error whose largest value grows with the number of values compared: the 8B's slow tier
+compares ~1.5e7 logits after 32 bf16 layers, and 6 of 10 candidates at e5e6006 (the best-known
+one among them) had 1-3 values at 0.103-0.117 against atol 0.1, and nothing else amiss. The tolerance is a bound on the
+bulk (a share of 1e-5 past it is a ~4.4 sigma tail); a wrong kernel moves whole rows, far past twice it."""
+OUTLIER_SLACK = 2.0
 QUALITY_SLACK = 4.0
 
 
@@ -142,11 +150,12 @@ def compare(cand: TrajectoryReply, ref: TrajectoryReply, index: int, dtype: torc
             return Comparison(False, "--bitwise: outputs differ from the reference", max_err, agreement)
         return Comparison(True, "identical to the reference", max_err, 1.0)
     if lc is not None and lr is not None:
-        bad = (lc - lr).abs() > atol + rtol * lr.abs()
-        if bool(bad.any()):
+        err, tol = (lc - lr).abs(), atol + rtol * lr.abs()
+        over, allowed = int((err > tol).sum()), int(OUTLIER_SHARE * err.numel())
+        if over > allowed or bool((err > OUTLIER_SLACK * tol).any()):
             return Comparison(False, f"logits differ from the reference beyond the {dtype} tolerance (max |diff| "
-                                     f"{max_err:.3g}, atol {atol:g}, rtol {rtol:g}, {int(bad.sum())} values)",
-                              max_err, agreement)
+                                     f"{max_err:.3g}, atol {atol:g}, rtol {rtol:g}: {over} values beyond it, "
+                                     f"{allowed} allowed within {OUTLIER_SLACK:g}x)", max_err, agreement)
     bad_fp = dev > FINGERPRINT_SLACK
     if bool(bad_fp.any()):
         rows = int(bad_fp.any(dim=1).sum())
