@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
-# One device call (< 10 min on an H200), issue 6: a piece of the tier benchmark for the llama-3.1-8b
-# shape (bench/tiers.py: 30 candidates of the variant agent, each on the fast and the slow tier; about
-# 50 minutes of device time in all, so it runs in pieces). The store comes back in $OUT/tiers_run.
-# First call:  ATHANOR_COMMIT=$(git rev-parse HEAD) bash bench/gpu_tiers.sh
+# One device call (< 10 min), issue 6: a piece of the tier benchmark for the llama-3.1-8b shape
+# (bench/tiers.py: 30 candidates of the variant agent, each on the fast and the slow tier; ~40 minutes of
+# one H200 in all, so it runs in pieces, one lane per GPU on nvidia-h200-x2). The store comes back in
+# $OUT/tiers_run, the log (with each script's cost) in $OUT/tiers.log.
+# First call:  ATHANOR_COMMIT=$(git rev-parse HEAD) TIME_LIMIT=400 bash bench/gpu_tiers.sh
 # Later calls: copy the returned tiers_run/ to .tiers_run/ in the checkout (git-ignored), carry it
-#              (carry [".whl", ".tiers_run"]) and run with RESUME=1.
-# The engine slots come from athanor.loop.memory (16 for the 8B on an H200): with the old default of 64,
-# and with --max-seqs 32 (at 24afa45), the fourth engine worker ran out of memory; at 19 slots (524fe1e) the
-# reference engine did, prefilling a decode shape's 19 x 4096 setup tokens in one step (now <= 8192 a step).
-# At 3491571 the first piece ran 4 candidates cleanly; its store is the one to resume.
+#              (carry [".whl", ".tiers_run"]) and run with RESUME=1; TIME_LIMIT (s) starts no candidate later.
+# The engine slots come from athanor.loop.memory (16 for the 8B on an H200). At ac77469 two calls on two GPUs
+# (TIME_LIMIT 400 and 280) ran 18 candidates; that store is the one to resume.
 source "$(dirname "$0")/_gpu_env.sh"
 mkdir -p "$OUT/tiers_run"
 flag=""

@@ -19,14 +19,15 @@ verdict is kept in a store under --out. Figures:
 
     python bench/tiers.py --model smollm2-135m --device cpu --candidates 30 [--traffic preset:chat]
     python bench/tiers.py --model llama-3.1-8b --device cuda --dtype bfloat16 --candidates 30 \
-        --run-dir DIR --time-limit 480 [--resume]
+        --devices cuda:0,cuda:1 --run-dir DIR --time-limit 400 [--resume] [-v]
 
-The 8B run needs ~50 minutes of device time (30 x (fast ~25 s + slow ~80-100 s)), beyond one device
-command (10 minutes) and one session's device time (30 minutes). So `--run-dir DIR` keeps the store
+The 8B run needs ~40 minutes of one H200 (30 x (fast ~25 s + slow ~60 s)), beyond one device command
+(10 minutes). So `--devices` runs one lane per GPU (each its own fast and slow engines; the lanes share
+the agent and the store, and the rows are replayed in proposal order), `--run-dir DIR` keeps the store
 in DIR (carry it from call to call), `--time-limit S` starts no candidate after S seconds, and
 `--resume` continues the run in DIR: its rows are rebuilt from the store's verdicts, and the variant
 agent is warm-started on their fast-tier verdicts, as a resumed `athanor compile` is. Each call
-writes the figures of all rows so far.
+writes the figures of all rows so far; `-v` logs what each evaluation's scripts cost.
 
 Writes tiers_<model>_<device>.json (under --out, default bench/results). Targets (issue 6):
 Spearman >= 0.8, no miss of the slow tier's best, >= 5x more candidates screened at equal budget.
