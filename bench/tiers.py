@@ -9,11 +9,12 @@ verdict is kept in a store under --out. Figures:
 
 - Spearman rank correlation (SciPy) of fast- against slow-tier median speedups, over the candidates
   timed on both tiers (those rejected before timing on either have no speedup to rank);
-- misses: candidates the fast tier rejected that the slow tier accepted, and whether one of them
+- misses: candidates the fast tier's screen did not forward (`worth_confirming`: neither accepted nor a
+  median over the bar) that the slow tier accepted, and whether one of them
   is the slow tier's best (the candidate the slow tier would have crowned);
 - equal budget (`--budget`, default 8 minutes), replayed from the measured wall times of these very
   evaluations in proposal order: "fast + slow" screens every candidate on the fast tier and
-  confirms, best projected cost first, those it accepted, keeping `CompileConfig.reserve_s` for
+  confirms, best projected cost first, those it forwarded, keeping `CompileConfig.reserve_s` for
   confirming; "slow only" evaluates candidates on the slow tier until the budget is spent. Reported:
   candidates each strategy evaluates, their ratio, and the slow-tier speedup of each one's winner.
 
@@ -54,15 +55,19 @@ from _record import write
 from athanor.agents.base import AgentContext
 from athanor.agents.variant import VariantConfig, VariantSearch
 from athanor.engine.candidate import Candidate, baseline_candidate
-from athanor.evaluate import Evaluator
+from athanor.evaluate import EvaluateConfig, Evaluator, Verdict
+from athanor.evaluate.timing import worth_confirming
 from athanor.loop.config import CompileConfig
 from athanor.model.registry import load_spec
 from athanor.store import EvaluationRecord, open_store
 
 
 def _row(candidate_id: str, description: str, fast: EvaluationRecord, slow: EvaluationRecord) -> dict[str, Any]:
-    """One candidate's fast and slow verdicts, from the store's records (so a resumed run rebuilds them)."""
-    return {"candidate_id": candidate_id, "description": description,
+    """One candidate's fast and slow verdicts, from the store's records (so a resumed run rebuilds them).
+    `fast_forwarded`: the fast tier's screen sends it to the slow tier (`timing.worth_confirming`, as
+    `athanor compile` decides)."""
+    forwarded = worth_confirming(Verdict.from_dict(fast.figures), EvaluateConfig.margin)
+    return {"candidate_id": candidate_id, "description": description, "fast_forwarded": forwarded,
             **{f"{tier}_{k}": v for tier, ev in (("fast", fast), ("slow", slow)) for k, v in (
                 ("accepted", ev.accepted), ("stage", ev.stage), ("reason", ev.reason[:200]),
                 ("speedup", ev.speedup), ("ci_low", ev.speedup_ci_low), ("ci_high", ev.speedup_ci_high),
@@ -90,7 +95,7 @@ def equal_budget(rows: list[dict[str, Any]], budget_s: float, reserve_s: float) 
             break
         spent += r["fast_wall_s"]
         screened += 1
-        if r["fast_accepted"]:
+        if r["fast_forwarded"]:
             accepted.append(r)
     winner, confirmed = None, 0
     for r in sorted(accepted, key=lambda r: r["fast_gpu_s_per_1k"]):
@@ -126,7 +131,7 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     rho = float(spearmanr([r["fast_speedup"] for r in timed], [r["slow_speedup"] for r in timed]).statistic) \
         if len(timed) >= 3 else float("nan")
     crowned = min((r for r in rows if r["slow_accepted"]), key=lambda r: r["slow_gpu_s_per_1k"], default=None)
-    misses = [r["candidate_id"] for r in rows if r["slow_accepted"] and not r["fast_accepted"]]
+    misses = [r["candidate_id"] for r in rows if r["slow_accepted"] and not r["fast_forwarded"]]
     return {"timed_on_both": len(timed), "spearman": rho, "misses": misses,
             "slow_best": crowned["candidate_id"] if crowned else None,
             "slow_best_missed": bool(crowned and crowned["candidate_id"] in misses)}
@@ -149,10 +154,11 @@ def main() -> int:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--run-dir", default="", help="keep the store here (default: a temporary directory)")
     ap.add_argument("--resume", action="store_true", help="continue the run in --run-dir")
+    ap.add_argument("--report", action="store_true", help="only write the figures of the run in --run-dir")
     ap.add_argument("--time-limit", type=float, default=0.0, help="start no candidate after this many seconds")
     args = ap.parse_args()
-    if args.resume and not args.run_dir:
-        ap.error("--resume needs --run-dir")
+    if (args.resume or args.report) and not args.run_dir:
+        ap.error("--resume and --report need --run-dir")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(threadName)s %(name)s: %(message)s")
     devices = [d.strip() for d in (args.devices or args.device).split(",") if d.strip()]
@@ -171,13 +177,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="athanor-tiers-") as tmp:
         store = open_store(Path(args.run_dir or tmp))
         runs = store.runs(limit=1)
-        if args.resume:
+        if args.resume or args.report:
             if not runs:
-                ap.error(f"--resume: {args.run_dir} holds no run")
+                ap.error(f"{args.run_dir} holds no run")
             run = store.resume_run(runs[0].id)
             rows, history = _rows_so_far(store, run.id)
             agent.warm_start(history)
-            print(f"resuming run {run.id}: {len(rows)} candidates on both tiers", file=sys.stderr)
+            if args.resume:
+                print(f"resuming run {run.id}: {len(rows)} candidates on both tiers", file=sys.stderr)
         else:
             if runs:
                 ap.error(f"--run-dir {args.run_dir} already holds run {runs[0].id}: pass --resume")
@@ -226,9 +233,10 @@ def main() -> int:
                               f"{r['fast_wall_s']:.0f} s)  slow x{r['slow_speedup']:.3f} ({r['slow_stage']}, "
                               f"{r['slow_wall_s']:.0f} s)  {p.description[:60]}", file=sys.stderr, flush=True)
 
-        with ThreadPoolExecutor(len(devices)) as pool:
-            for done in [pool.submit(lane, d) for d in devices]:
-                done.result()
+        if not args.report:
+            with ThreadPoolExecutor(len(devices)) as pool:
+                for done in [pool.submit(lane, d) for d in devices]:
+                    done.result()
         order = {c.id: i for i, c in enumerate(store.candidates(run.id))}
         rows.sort(key=lambda r: order[r["candidate_id"]])  # lanes finish out of order; the replay wants proposals'
     record = {"benchmark": "tiers", "model": args.model, "device": args.device, "lanes": devices,

@@ -28,6 +28,7 @@ from athanor.agents.variant import VariantConfig, VariantSearch
 from athanor.engine.candidate import Candidate, baseline_candidate
 from athanor.errors import ConfigError
 from athanor.evaluate import Evaluator, QualityBudget, Verdict
+from athanor.evaluate.timing import worth_confirming
 from athanor.loop.config import CompileConfig
 from athanor.loop.report import write_report
 from athanor.serve.candidates import load_candidate_dir
@@ -212,14 +213,15 @@ class Session:
             a.observe([record])
         if record.author in self.budget.agents:  # the reference is nobody's proposal
             self.budget.record_evaluation(record)
-        self.emit(_line("fast", cand.manifest.author, cand.manifest.description, verdict))
+        self.emit(_line("fast", cand.manifest.author, cand.manifest.description, verdict, fast.config.margin))
 
     def _confirm(self, slow: Evaluator, deadline: float) -> None:
         """Confirm fast-tier winners on the whole model, best projected cost first, while time remains."""
-        ranked = sorted((v for v in self.fast_verdicts.values() if v.accepted and v.candidate_id not in
-                         self.slow_verdicts), key=lambda v: v.gpu_s_per_1k_requests)
+        margin = self.config.evaluate_config("fast").margin
+        ranked = sorted((v for v in self.fast_verdicts.values() if worth_confirming(v, margin) and v.candidate_id
+                         not in self.slow_verdicts), key=lambda v: v.gpu_s_per_1k_requests)
         if not ranked:
-            self.emit("no candidate passed the fast tier: nothing to confirm")
+            self.emit("no candidate passed the fast tier's screen: nothing to confirm")
         for verdict in ranked:
             # The first confirmation always runs (a session without one has no verified result).
             if self.slow_verdicts and time.monotonic() >= deadline:
@@ -262,10 +264,12 @@ def _load_incumbent(directory: Path) -> Candidate:
         raise ConfigError(f"--incumbent: {e}") from None
 
 
-def _line(tier: str, author: str, description: str, v: Verdict) -> str:
+def _line(tier: str, author: str, description: str, v: Verdict, margin: float = 0.01) -> str:
     s = v.speedup
     figure = f"x{s.median:.3f} [{s.ci_low:.3f}, {s.ci_high:.3f}]" if not math.isnan(s.median) else "-"
     verdict = "ACCEPTED" if v.accepted else f"{v.status} at {v.stage}"
+    if tier == "fast" and not v.accepted and worth_confirming(v, margin):
+        verdict = "to confirm (median over the bar)"
     return f"[{tier}] {v.candidate_id} {author}: {description[:60]} -> {verdict} {figure} ({v.wall_s:.0f} s)" + (
         "" if v.accepted else f": {v.reason[:100]}")
 

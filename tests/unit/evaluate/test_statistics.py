@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from athanor.evaluate.timing import (
@@ -16,8 +18,9 @@ from athanor.evaluate.timing import (
     robust_cv,
     speedup_interval,
     too_noisy,
+    worth_confirming,
 )
-from athanor.evaluate.verdict import Speedup
+from athanor.evaluate.verdict import Speedup, TierResult, Verdict
 
 
 def _noisy(n: int, seed: int, scale: float = 1.0) -> np.ndarray:
@@ -45,6 +48,27 @@ def test_decide_needs_margin_and_bias() -> None:
     biased = Speedup(1.03, 1.01, 1.05, 50)  # the set-up favours whoever runs second by 3%
     assert not decide(Speedup(1.05, 1.035, 1.07, 50), biased).accepted
     assert "slower" in decide(Speedup(0.8, 0.78, 0.82, 50), aa).reason
+
+
+def _fast_verdict(speedup: Speedup, noise: Speedup, stage: str = "timing", status: str = "rejected") -> Verdict:
+    decision = decide(speedup, noise)
+    tier = TierResult(tier="fast", num_layers=6, speedup=speedup, noise=noise)
+    return Verdict(candidate_id="c", incumbent_id="i", accepted=decision.accepted, stage=stage, reason=decision.reason,
+                   status="accepted" if decision.accepted else status, speedup=speedup, tiers=(tier,))
+
+
+def test_the_fast_tier_screen_forwards_a_median_over_the_bar_and_nothing_weaker() -> None:
+    aa = Speedup(1.0, 0.99, 1.01, 50)
+    assert worth_confirming(_fast_verdict(Speedup(1.05, 1.02, 1.08, 50), aa))  # accepted
+    wide = _fast_verdict(Speedup(1.086, 1.023, 1.131, 16), Speedup(1.02, 0.97, 1.06, 16))  # the CPU demo's
+    assert not wide.accepted and worth_confirming(wide)  # bar 1.03: the interval does not clear it, the median does
+    assert not worth_confirming(_fast_verdict(Speedup(1.008, 0.97, 1.05, 16), aa))  # median under 1 + 1%
+    biased = Speedup(1.03, 1.01, 1.05, 50)
+    assert not worth_confirming(_fast_verdict(Speedup(1.035, 0.99, 1.08, 50), biased))  # under the raised bar
+    too_noisy_verdict = _fast_verdict(Speedup(1.2, 0.9, 1.5, 16), aa, status="error")
+    assert not worth_confirming(too_noisy_verdict)  # an evaluation that could not judge is not forwarded
+    wrong = _fast_verdict(Speedup(1.2, 1.1, 1.3, 16), aa, stage="correctness")
+    assert not worth_confirming(dataclasses.replace(wrong, accepted=False, status="rejected"))
 
 
 def test_objective_weights_shapes() -> None:
