@@ -180,7 +180,7 @@ def main() -> int:
         if args.resume or args.report:
             if not runs:
                 ap.error(f"{args.run_dir} holds no run")
-            run = store.resume_run(runs[0].id)
+            run = store.resume_run(runs[0].id) if args.resume else runs[0]  # --report changes nothing
             rows, history = _rows_so_far(store, run.id)
             agent.warm_start(history)
             if args.resume:
