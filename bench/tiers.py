@@ -162,6 +162,9 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(threadName)s %(name)s: %(message)s")
     devices = [d.strip() for d in (args.devices or args.device).split(",") if d.strip()]
+    if len(set(devices)) != len(devices):
+        # lanes on one device wait for its lock, and an evaluation's wall time would count the wait
+        ap.error(f"--devices {args.devices}: one lane per device, each named once")
 
     def compile_config(device: str) -> CompileConfig:
         return CompileConfig(model=args.model, traffic=args.traffic, device=device, dtype=args.dtype,
@@ -192,17 +195,18 @@ def main() -> int:
             store.add_candidate(run.id, reference.source, author="reference")
             rows = []
         started = time.perf_counter()
-        in_flight = [0]
+        in_flight = 0  # candidates proposed and not yet on both tiers
 
         def lane(device: str) -> None:
             """Propose, screen and confirm candidates one after the other on `device` (its own engines;
             lanes on different GPUs share nothing but the agent and the store)."""
+            nonlocal in_flight
             lane_config = compile_config(device)
             with Evaluator(lane_config.evaluate_config("fast")) as fast, \
                     Evaluator(lane_config.evaluate_config("slow")) as slow:
                 while True:
                     with lock:
-                        if len(rows) + in_flight[0] >= args.candidates:
+                        if len(rows) + in_flight >= args.candidates:
                             return
                         if args.time_limit and time.perf_counter() - started > args.time_limit:
                             print(f"{device}: --time-limit {args.time_limit:.0f} s reached: resume to go on",
@@ -218,7 +222,7 @@ def main() -> int:
                                                      description=p.description)
                         store.add_candidate(run.id, cand.source, parent_id=p.parent_id, author=p.author,
                                             description=p.description)
-                        in_flight[0] += 1
+                        in_flight += 1
                     fast_verdict = fast.evaluate(cand, reference).to_dict()
                     with lock:
                         fast_record = store.record_verdict(run.id, fast_verdict, tier="fast")
@@ -226,7 +230,7 @@ def main() -> int:
                     slow_verdict = slow.evaluate(cand, reference).to_dict()
                     with lock:
                         slow_record = store.record_verdict(run.id, slow_verdict, tier="slow")
-                        in_flight[0] -= 1
+                        in_flight -= 1
                         rows.append(_row(cand.id, p.description, fast_record, slow_record))
                         r = rows[-1]
                         print(f"{len(rows):3d} {device} {cand.id} fast x{r['fast_speedup']:.3f} ({r['fast_stage']}, "
@@ -242,7 +246,9 @@ def main() -> int:
     record = {"benchmark": "tiers", "model": args.model, "device": args.device, "lanes": devices,
               "traffic": args.traffic,
               "fast_layers": config.evaluate_config("fast").fast_layers,
-              "max_seqs": config.evaluate_config("slow").max_seqs, "wall_s": time.perf_counter() - started,
+              "max_seqs": config.evaluate_config("slow").max_seqs,
+              "call_wall_s": time.perf_counter() - started,  # this call's; a resumed run spans several
+              "evaluations_s": sum(r["fast_wall_s"] + r["slow_wall_s"] for r in rows),
               "candidates": rows, **figures(rows), "equal_budget": equal_budget(rows, args.budget, config.reserve_s)}
     path = write(record, Path(args.out) / f"tiers_{args.model}_{args.device}.json")
     eb = record["equal_budget"]
