@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from athanor.kernels.dispatch import Impl, cdiv, next_pow2, pdl, tickets, use_triton
-from athanor.kernels.rope import KVWrite, rope_and_cache
+from athanor.kernels.rope import KVWrite, rope_into
 
 BLOCK_N = 64
 """Keys per tile of the Triton kernel."""
@@ -85,8 +85,7 @@ def rope_cache_attention(q: Tensor, k: Tensor, v: Tensor, kv: KVWrite, kv_lens: 
     positions + 1.
     """
     if not use_triton(q, impl):
-        q = rope_and_cache(q, k, v, kv.cos, kv.sin, kv.positions, kv.slots, kv.k_cache, kv.v_cache, impl="torch",
-                           q_norm=kv.q_norm, k_norm=kv.k_norm, eps=eps)
+        q = rope_into(q, k, v, kv, eps, impl="torch")
         return decode_attention_torch(q, kv.k_cache, kv.v_cache, kv.slots, kv_lens, static)
     return _launch(q, kv.k_cache, kv.v_cache, kv.slots, kv_lens, num_splits, (k, v, kv, eps))
 

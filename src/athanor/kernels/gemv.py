@@ -18,7 +18,7 @@ from athanor.kernels.attention import _num_sms
 from athanor.kernels.dispatch import PDL_EARLY, Impl, cdiv, interpreting, next_pow2, pdl, tickets, use_triton
 from athanor.kernels.moe import route
 from athanor.kernels.norm import rms_norm_torch
-from athanor.kernels.rope import KVWrite, rope_and_cache
+from athanor.kernels.rope import KVWrite, rope_into
 
 MAX_ROWS = 16
 """Largest row count the split-K path takes; above it `linear` uses cuBLAS."""
@@ -132,8 +132,7 @@ def qkv_rope_cache(h: Tensor, w: Tensor, bias: Tensor | None, norm_weight: Tenso
     if m > MAX_FUSED_ROWS or not use_triton(h, impl) or d % (16 if interpreting() else 32):  # BLOCK_N | head_dim
         qkv = fused_linear(h, w, bias, norm_weight=norm_weight, eps=eps, impl=impl)
         q, kk, v = qkv.view(m, num_heads + 2 * num_kv, d).split([num_heads, num_kv, num_kv], dim=1)
-        return rope_and_cache(q, kk, v, cache.cos, cache.sin, cache.positions, cache.slots, cache.k_cache,
-                              cache.v_cache, impl=impl, q_norm=cache.q_norm, k_norm=cache.k_norm, eps=eps)
+        return rope_into(q, kk, v, cache, eps, impl=impl)
     from athanor.kernels.jit.fused_gemv import fused_gemv_rope_kernel, fused_gemv_rope_tuned
 
     assert w.stride(1) == 1 and h.stride(1) == 1 and cache.cos.is_contiguous() and cache.sin.is_contiguous()

@@ -75,6 +75,12 @@ def rope_and_cache(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, po
     return q_out
 
 
+def rope_into(q: Tensor, k: Tensor, v: Tensor, kv: KVWrite, eps: float = 0.0, impl: Impl = None) -> Tensor:
+    """`rope_and_cache` with the destination, tables and norms of one `KVWrite`: rotated q."""
+    return rope_and_cache(q, k, v, kv.cos, kv.sin, kv.positions, kv.slots, kv.k_cache, kv.v_cache, impl=impl,
+                          q_norm=kv.q_norm, k_norm=kv.k_norm, eps=eps)
+
+
 def _launch(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, slots: Tensor,
             q_out: Tensor, k_out: Tensor, k_cache: Tensor | None, v_cache: Tensor | None,
             q_norm: Tensor | None = None, k_norm: Tensor | None = None, eps: float = 0.0) -> None:

@@ -161,7 +161,7 @@ class Session:
                       + (f", against incumbent {self.baseline.id} ({cfg.incumbent})" if self.incumbent else "")
                       + (f"; {cfg.gpu_plan.describe()}" if not cfg.on_cpu and not cfg.max_seqs else ""))
             self._search(fast, deadline - cfg.reserve_s)
-            self._confirm(slow, deadline)
+            self._confirm(slow, deadline, fast.config.margin)
         except KeyboardInterrupt:
             interrupted = True
             self.emit("interrupted: every result so far is in the store; --resume continues the run")
@@ -215,9 +215,9 @@ class Session:
             self.budget.record_evaluation(record)
         self.emit(_line("fast", cand.manifest.author, cand.manifest.description, verdict, fast.config.margin))
 
-    def _confirm(self, slow: Evaluator, deadline: float) -> None:
-        """Confirm fast-tier winners on the whole model, best projected cost first, while time remains."""
-        margin = self.config.evaluate_config("fast").margin
+    def _confirm(self, slow: Evaluator, deadline: float, margin: float) -> None:
+        """Confirm what the fast tier's screen forwards (`worth_confirming` against its `margin`) on the whole
+        model, best projected cost first, while time remains."""
         ranked = sorted((v for v in self.fast_verdicts.values() if worth_confirming(v, margin) and v.candidate_id
                          not in self.slow_verdicts), key=lambda v: v.gpu_s_per_1k_requests)
         if not ranked:
