@@ -54,8 +54,10 @@ def device_search_space(config: VariantConfig) -> dict[str, tuple[Any, ...]]:
         if config.device == "cpu":
             cuda_only = MOVES_BY_NAME[name].cuda_only
             values = tuple(v for v in values if not str(v).startswith("triton") and v not in cuda_only)
-            if name in ("graphs", "gemv"):
+            if name == "graphs":
                 continue
+        else:
+            values = tuple(v for v in values if v not in MOVES_BY_NAME[name].cpu_only)
         if name == "compile" and not config.include_compile:
             continue
         if len(values) > 1:

@@ -81,6 +81,11 @@ def boot(config: EngineConfig) -> Engine:
     model = _load_model(config)
     log.info("loaded %s on %s in %.2fs", config.model, config.device, time.perf_counter() - t0)
     engine = Engine(config, model, report)
+    # Dynamo rebinds torch.manual_seed (a wrapper it will not trace into) when first imported. Imported before
+    # the namespaces are snapshotted, a candidate that compiles (torch.compile, flex attention) is not taken for
+    # one that replaced a torch function. Costs ~1 s of the worker's start on a CPU.
+    import torch._dynamo
+
     engine.seal([str(w) for w in writable])
     torch.set_grad_enabled(False)  # an inference engine: no autograd state on any candidate's tensors
     return engine

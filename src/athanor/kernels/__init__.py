@@ -13,6 +13,7 @@ package imports without Triton.
 from athanor.kernels.activation import silu_mul
 from athanor.kernels.attention import decode_attention, num_kv_splits, rope_cache_attention
 from athanor.kernels.dispatch import HAS_TRITON, use_triton
+from athanor.kernels.flex_decode import decode_attention_flex
 from athanor.kernels.gemv import fused_linear, linear, qkv_rope_cache, router_topk, splitk_linear
 from athanor.kernels.moe import (
     ExpertGroups,
@@ -34,6 +35,7 @@ __all__ = [
     "KVWrite",
     "add_rms_norm",
     "decode_attention",
+    "decode_attention_flex",
     "decode_attention_per_seq",
     "expert_gemv",
     "fused_linear",

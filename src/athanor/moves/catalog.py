@@ -33,6 +33,8 @@ class Move:
     quality mode (see the module docstring)."""
     cuda_only: tuple[Any, ...] = ()
     """Values with no CPU implementation at all (the Triton ones fall back to torch there instead)."""
+    cpu_only: tuple[Any, ...] = ()
+    """Values not worth searching on a GPU (host-synced CPU paths the engine cannot capture in graphs)."""
 
     def __post_init__(self) -> None:
         assert self.baseline in self.values, f"move {self.name}: baseline {self.baseline!r} not in values"
@@ -56,7 +58,7 @@ MOVES: tuple[Move, ...] = (
          "'triton_qkv_epilogue' (the fused-GEMV layer with fused_qkv, batch 1): the QKV projection's last strip "
          "of each head rotates it (q/k-normed first) and writes k and v into the cache, so RoPE costs no launch; "
          "elsewhere it acts as 'triton_fused_cache'."),
-    Move("attention", ("torch", "triton_split_kv", "torch_per_seq", "triton_fused"), "torch",
+    Move("attention", ("torch", "triton_split_kv", "torch_per_seq", "triton_fused", "torch_flex"), "torch",
          "Decode attention as Triton split-KV flash-decoding with GQA: reads each slot's keys once, only up to "
          "its own length, with enough splits to fill the GPU at batch 1. Essential under CUDA graphs, where the "
          "torch path must attend over the whole max_seq_len cache with a mask. 'torch_per_seq' loops over the "
@@ -64,7 +66,11 @@ MOVES: tuple[Move, ...] = (
          "'triton_fused' (decode): the split-KV kernel also does RoPE, Qwen3's q/k norms and the KV-cache write "
          "(the rope option then serves prefill only), and the last split of each KV head to finish merges the "
          "splits: one kernel between the QKV and O projections instead of three. Measured on an H200 at batch 1: "
-         "no faster alone, and 2-3% slower in the whole step, so not the best-known choice there."),
+         "no faster alone, and 2-3% slower in the whole step, so not the best-known choice there. "
+         "'torch_flex' (CPU): the same views as 'torch_per_seq' through flex attention compiled by Inductor, one "
+         "fused pass over each row's keys and values (2-core CPU, batch 16, ~750 keys: 1.63 vs 2.25 ms a layer); "
+         "compiles once per process (seconds).",
+         cpu_only=("torch_flex",)),
     Move("sdpa", (None, "math", "efficient_attention", "cudnn_attention"), None,
          "Prefill attention's scaled_dot_product_attention backend: None lets torch choose (flash attention "
          "where it applies, on CPU too); 'math' is the unfused reference kernel (it materialises the scores, "
@@ -76,14 +82,17 @@ MOVES: tuple[Move, ...] = (
          "KV cache storage: [slots, heads, seq, D] (the reference's; each head's keys contiguous, best for "
          "split-KV reads) or [slots, seq, heads, D] (a token's heads contiguous: cheaper cache writes, "
          "strided reads)."),
-    Move("gemv", ("cublas", "triton_splitk", "triton_fused"), "cublas",
+    Move("gemv", ("cublas", "triton_splitk", "triton_fused", "onednn"), "cublas",
          "Linear layers with <= 16 rows through a Triton split-K skinny GEMM instead of cuBLAS. Helps where "
          "cuBLAS' GEMV leaves SMs idle (narrow outputs, batch 1-8); measure per device and shape. "
          "'triton_fused' (dense decode, <= 8 rows): a Triton GEMV that also does the work around each "
          "projection: the RMSNorms in the QKV and gate/up projections' prologue, SiLU-mul in the down "
          "projection's, the residual adds in the O and down projections' epilogue: 7 kernels per layer "
          "instead of ~12. Helps at batch 1-4, where each small kernel costs more in launch and tail than "
-         "its bytes; the weight read must still match cuBLAS."),
+         "its bytes; the weight read must still match cuBLAS. 'onednn' (CPU, any batch): every linear layer "
+         "through oneDNN on weights reordered once in build() (a copy of them): on the 2-core CPU 1.3-1.5x at 16 "
+         "rows, 2.2x on SmolLM2's LM head, 1.06-1.17x at 384-token prefills; 'cublas' there is MKL's sgemm.",
+         cpu_only=("onednn",)),
     Move("silu_mul", ("torch", "triton"), "torch",
          "SiLU(gate) * up in one Triton kernel reading the halves of a fused gate|up output in place "
          "(torch needs two kernels and, for a fused output, strided copies)."),

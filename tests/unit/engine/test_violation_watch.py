@@ -31,3 +31,16 @@ def test_removing_a_tree_inside_the_scratch_dir_is_allowed(tmp_path: Path) -> No
     finally:
         os.chdir(cwd)
     assert any("os.remove outside the scratch directory: keep" in e for e in events)
+
+
+def test_mkdir_of_an_existing_directory_creates_nothing(tmp_path: Path) -> None:
+    # Inductor's C++ builder calls Path(".").mkdir(exist_ok=True) from the worker's working directory.
+    scratch, outside = tmp_path / "scratch", tmp_path / "outside"
+    scratch.mkdir()
+    outside.mkdir()
+    watch = ViolationWatch([str(scratch)])
+    with watch.armed():
+        outside.mkdir(exist_ok=True)
+        assert watch.take() == []
+        (outside / "new").mkdir()
+    assert watch.take() == [f"os.mkdir outside the scratch directory: {outside / 'new'}"]

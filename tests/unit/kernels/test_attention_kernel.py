@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from athanor.kernels import HAS_TRITON, decode_attention, decode_attention_per_seq, num_kv_splits
+from athanor.kernels import (
+    HAS_TRITON,
+    decode_attention,
+    decode_attention_flex,
+    decode_attention_per_seq,
+    num_kv_splits,
+)
 from athanor.model import reference
 
 triton_only = pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
@@ -62,18 +68,20 @@ def test_num_kv_splits_is_static_and_bounded():
     assert num_kv_splits(1, 1, 100, cpu) == 2  # never more splits than 64-key tiles
 
 
+@pytest.mark.parametrize("attend", [decode_attention_per_seq, decode_attention_flex], ids=["per_seq", "flex"])
 @pytest.mark.parametrize(("slots", "kv_lens"), [
     ([2, 3, 4, 5], [90, 100, 96, 100]),  # consecutive slots, similar lengths: the batched view path
     ([2, 3, 4, 5], [5, 10, 96, 100]),  # consecutive, but short rows would waste keys: one row at a time
     ([5, 1, 3, 0], [90, 100, 96, 100]),  # slots out of order: one row at a time
+    ([4, 5, 6], [128, 1, 127]),  # a one-key row and the cache's last key (flex: its length mask)
 ])
-def test_per_seq_attention_paths_agree(gen, slots, kv_lens):
+def test_per_seq_attention_paths_agree(gen, attend, slots, kv_lens):
     hq, hkv, d, max_len, num_slots = 6, 3, 16, 128, 7
     q = torch.randn(len(slots), hq, d, generator=gen)
     k_cache = torch.randn(num_slots, hkv, max_len, d, generator=gen)
     v_cache = torch.randn(num_slots, hkv, max_len, d, generator=gen)
     s, n = torch.tensor(slots), torch.tensor(kv_lens)
-    out = decode_attention_per_seq(q, k_cache, v_cache, s, n)
+    out = attend(q, k_cache, v_cache, s, n)
     torch.testing.assert_close(out, _expected(q, k_cache, v_cache, s, n), rtol=1e-4, atol=1e-5)
 
 

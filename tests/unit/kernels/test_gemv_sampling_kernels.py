@@ -153,3 +153,22 @@ def test_router_topk_is_the_router_gemv_then_route(gen, impl, m, scoring, bias):
                                      impl="torch")
     assert torch.equal(ids, torch_ids)
     torch.testing.assert_close(weights, torch_weights, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not __import__("athanor.kernels.onednn", fromlist=["x"]).has_onednn(),
+                    reason="this torch build has no oneDNN")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 16, 384])
+def test_onednn_linear_is_f_linear_up_to_rounding(gen, dtype, rows):
+    """A weight packed once serves every row count, with or without a bias, on strided rows too."""
+    from athanor.kernels.onednn import onednn_linear, pack_weight
+
+    w = (torch.randn(200, 96, generator=gen) * 0.1).to(dtype)
+    bias = torch.randn(200, generator=gen).to(dtype)
+    packed = pack_weight(w)
+    x = torch.randn(rows, 192, generator=gen).to(dtype)[:, ::2]  # rows with a stride of 2
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1.6e-2, "atol": 1e-2}
+    for b in (None, bias):
+        out = onednn_linear(x, packed, b)
+        assert out.dtype == dtype and out.shape == (rows, 200)
+        torch.testing.assert_close(out, F.linear(x, w, b), **tol)

@@ -66,7 +66,8 @@ def test_best_known_candidates_differ_for_dense_and_moe():
     dense, moe = PRESETS["llama-3.1-8b"], PRESETS["qwen3-30b-a3b"]
     assert best_options(dense)["fused_gate_up"] and not best_options(moe)["fused_gate_up"]
     assert read_options(best_candidate(moe))["moe"] == "triton"
-    assert read_options(best_candidate(dense, "cpu"))["attention"] == "torch_per_seq"  # no gather copy on CPU
+    cpu = read_options(best_candidate(dense, "cpu"))
+    assert cpu["attention"] == "torch_per_seq" and cpu["gemv"] == "onednn"  # no gather copy; packed GEMMs
 
 
 def test_quality_mode_proposes_the_lossy_best_known_first_then_the_exact_one():
@@ -86,6 +87,9 @@ def test_cpu_search_space_leaves_out_what_needs_cuda():
     cpu, cuda = device_search_space(VariantConfig(device="cpu")), device_search_space(VariantConfig(device="cuda"))
     assert cpu["sdpa"] == (None, "math") and "cudnn_attention" in cuda["sdpa"]
     assert not any(str(v).startswith("triton") for values in cpu.values() for v in values)
+    # and the GPU's leaves out the CPU's own paths (oneDNN GEMMs, host-synced flex attention)
+    assert cpu["gemv"] == ("cublas", "onednn") and "onednn" not in cuda["gemv"]
+    assert "torch_flex" in cpu["attention"] and "torch_flex" not in cuda["attention"]
 
 
 def test_a_resumed_search_does_not_repeat_a_point_rendered_by_an_older_template():

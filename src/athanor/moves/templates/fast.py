@@ -24,6 +24,7 @@ from athanor.kernels import (
     KVWrite,
     add_rms_norm,
     decode_attention,
+    decode_attention_flex,
     decode_attention_per_seq,
     expert_gemv,
     fused_linear,
@@ -39,6 +40,7 @@ from athanor.kernels import (
 )
 from athanor.kernels import route as route_kernel
 from athanor.kernels import silu_mul as silu_mul_kernel
+from athanor.kernels.onednn import has_onednn, onednn_linear, pack_weight
 from athanor.model import BuildContext, DecodeBatch, Model, PrefillBatch
 from athanor.model.reference import rope_inv_freq  # the oracle's frequencies, Llama-3 scaling included
 
@@ -137,8 +139,8 @@ class FastForward:
         self.model, self.spec, self.ctx = model, spec, ctx
         self.eps = spec.rms_norm_eps
         # A MoE loop has data-dependent shapes and host syncs: such a decode cannot be captured.
-        # The per-sequence attention loop and the reference MoE loop sync with the host.
-        self.graph_safe = (bool(OPTIONS["graphs"]) and OPTIONS["attention"] != "torch_per_seq"
+        # The per-sequence and flex attention paths and the reference MoE loop sync with the host.
+        self.graph_safe = (bool(OPTIONS["graphs"]) and OPTIONS["attention"] not in ("torch_per_seq", "torch_flex")
                            and (spec.moe is None or OPTIONS["moe"] != "loop"))
         # Attention without host syncs (graphs and torch.compile need it; costs a masked full-cache read in torch).
         self.static = bool(OPTIONS["graphs"]) or OPTIONS["compile"] is not None
@@ -158,6 +160,8 @@ class FastForward:
         self.v_cache = [self._allocate_cache() for _ in range(spec.num_layers)]
         self.routing_observer = None
         """Called with (layer, topk_ids [N, top_k]) on every MoE layer when set (routing capture)."""
+        self.packed = self._pack_linears() if OPTIONS["gemv"] == "onednn" and ctx.device.type == "cpu" else {}
+        """oneDNN copies of the weights `_linear` reads, by id of the weight (empty: F.linear)."""
         self._decode_layers = self.decode_layers
         if OPTIONS["compile"] is not None:
             # No "reduce-overhead": the engine captures the whole step in its own CUDA graphs.
@@ -169,10 +173,22 @@ class FastForward:
             return c.allocate((c.max_seqs + 1, c.max_seq_len, s.num_kv_heads, s.head_dim)).transpose(1, 2)
         return c.allocate((c.max_seqs + 1, s.num_kv_heads, c.max_seq_len, s.head_dim))
 
+    def _pack_linears(self) -> dict[int, Tensor]:
+        """Each weight `_linear` reads, reordered once for oneDNN (none where this torch lacks it)."""
+        if not has_onednn():
+            return {}
+        names = ("wq", "wk", "wv", "wqkv", "wo", "w_gate", "w_up", "w_gate_up", "w_down", "router")
+        weights = [w for layer in self.layers for w in (getattr(layer, n, None) for n in names)
+                   if isinstance(w, Tensor)]
+        return {id(w): pack_weight(w) for w in [*weights, self.lm_head]}
+
     # -- pieces -----------------------------------------------------------------------------
     def _linear(self, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
         if w.dtype != x.dtype:  # linear_dtype: compute in the weight's dtype, hand back the model's
             return self._linear(x.to(w.dtype), w, b).to(x.dtype)
+        packed = self.packed.get(id(w))
+        if packed is not None:
+            return onednn_linear(x, packed, b)
         return linear(x, w, b, gemv=str(OPTIONS["gemv"]))
 
     def _norm(self, x: Tensor, residual: Tensor | None, w: Tensor) -> tuple[Tensor, Tensor]:
@@ -296,6 +312,8 @@ class FastForward:
         kc, vc = self.k_cache[i], self.v_cache[i]
         if OPTIONS["attention"] == "torch_per_seq":
             return decode_attention_per_seq(q, kc, vc, slots, kv_lens)
+        if OPTIONS["attention"] == "torch_flex":
+            return decode_attention_flex(q, kc, vc, slots, kv_lens)
         return decode_attention(q, kc, vc, slots, kv_lens, static=self.static, impl=impl("attention"))
 
     def _attend_fused(self, i: int, layer: Layer, h: Tensor, positions: Tensor, slots: Tensor,
