@@ -21,7 +21,9 @@ class CompileConfig:
     traffic: str = "preset:chat"
     """A trace file, a saved profile, or `preset:chat|code|agent` (the built-in default needs no file)."""
     budget_s: float = 180.0
-    """Wall-clock budget of the search; the slow-tier confirmation of the best candidate is inside it."""
+    """Wall-clock budget of the search. Proposals stop `reserve_s` before it to leave time for confirming on
+    the slow tier; the first confirmation runs whatever it costs (on a 2-core CPU one confirmation of smollm2,
+    ~225 s, is longer than a 3-minute budget, so such a run takes ~6 minutes), further ones only within it."""
     agents: tuple[str, ...] = ("variant",)
     device: str = "cpu"
     dtype: str = ""
