@@ -53,3 +53,20 @@ def test_guard_undoes_edits_to_athanor_modules() -> None:
     changed = guard.restore()
     assert reference.rms_norm is original and not hasattr(reference, "injected")
     assert "athanor.model.reference" in changed
+
+
+def test_a_candidate_that_imports_dynamo_changes_nothing_in_torchs_namespace():
+    """The worker does to torch.manual_seed before its snapshot what Dynamo's import would (a candidate that
+    compiles imports Dynamo): afterwards that import rebinds nothing, and manual_seed still seeds."""
+    import subprocess
+
+    code = ("import torch\n"
+            "from athanor.engine.worker import _rebind_like_dynamo\n"
+            "_rebind_like_dynamo(torch)\n"
+            "snapshot = dict(vars(torch))\n"
+            "import torch._dynamo\n"
+            "changed = [k for k, v in snapshot.items() if vars(torch).get(k) is not v]\n"
+            "assert not changed, changed\n"
+            "torch.manual_seed(3); a = torch.rand(2); torch.manual_seed(3)\n"
+            "assert torch.equal(a, torch.rand(2))\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
