@@ -76,9 +76,9 @@ class ViolationWatch:
             elif event in ("os.remove", "os.rmdir"):  # (path, dir_fd)
                 if args and not self._allowed(*args[:2]):
                     self._record(f"{event} outside the scratch directory: {args[0]!s}")
-            elif event == "os.mkdir" and args and isinstance(args[0], (str, bytes, os.PathLike)) and \
-                    os.path.isdir(args[0]):
-                pass  # an existing directory: creates nothing (Inductor's `Path(".").mkdir(exist_ok=True)`)
+            elif event == "os.mkdir" and len(args) >= 3 and args[2] in (None, -1) and \
+                    isinstance(args[0], (str, bytes, os.PathLike)) and os.path.isdir(args[0]):
+                pass  # (path, mode, dir_fd): an existing directory creates nothing (Inductor's `Path(".").mkdir()`)
             elif event in _PATH_EVENTS and args and not all(self._allowed(a) for a in args[:2]
                                                              if isinstance(a, (str, bytes, os.PathLike))):
                 self._record(f"{event} outside the scratch directory: {args[0]!s}")
