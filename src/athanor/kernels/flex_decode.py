@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from athanor.kernels.per_seq_attention import batch_views, decode_attention_per_seq
+from athanor.kernels.per_seq_attention import attend_rows, batch_views
 
 
 def _attend(q: Tensor, keys: Tensor, values: Tensor, kv_lens: Tensor) -> Tensor:
@@ -40,8 +40,9 @@ def _compiled() -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
 
 def decode_attention_flex(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor) -> Tensor:
     """Grouped-query decode attention, as `decode_attention_per_seq` (same arguments). Returns [B, Hq, D]."""
-    views = batch_views(k_cache, v_cache, slots, kv_lens)
+    rows, lens = slots.tolist(), kv_lens.tolist()
+    views = batch_views(k_cache, v_cache, rows, lens)
     if views is None:
-        return decode_attention_per_seq(q, k_cache, v_cache, slots, kv_lens)
+        return attend_rows(q, k_cache, v_cache, rows, lens)
     keys, values = views
     return _compiled()(q[:, :, None], keys, values, kv_lens)[:, :, 0]

@@ -30,29 +30,29 @@ def decode_attention_per_seq(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots:
     q: [B, Hq, D]; k_cache, v_cache: [slots, Hkv, max_seq_len, D] (any strides); slots, kv_lens: [B] int64.
     """
     b, hq, d = q.shape
-    views = batch_views(k_cache, v_cache, slots, kv_lens) if b > 1 else None
+    rows, lens = slots.tolist(), kv_lens.tolist()
+    views = batch_views(k_cache, v_cache, rows, lens) if b > 1 else None
     if views is not None:
         keys, values = views
         mask = torch.arange(keys.shape[2], device=q.device)[None, :] < kv_lens[:, None]
         return decode_attention(q, keys, values, mask).view(b, hq, d)
-    return _row_by_row(q, k_cache, v_cache, slots, kv_lens)
+    return attend_rows(q, k_cache, v_cache, rows, lens)
 
 
-def batch_views(k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor) -> tuple[Tensor, Tensor] | None:
-    """The batch's keys and values [B, Hkv, L, D] as views of the caches (L: the longest context), or None
-    where that would not pay: slots not consecutive, or more than `MAX_PADDING` of the keys masked out."""
-    rows, lens = slots.tolist(), kv_lens.tolist()
+def batch_views(k_cache: Tensor, v_cache: Tensor, rows: list[int], lens: list[int]) -> tuple[Tensor, Tensor] | None:
+    """The batch's keys and values [B, Hkv, L, D] as views of the caches (rows: the slots, lens: their
+    contexts, both read to the host once by the caller; L: the longest context), or None where that would not
+    pay: slots not consecutive, or more than `MAX_PADDING` of the keys masked out."""
     b, longest = len(rows), max(lens, default=0)
     if b and rows == list(range(rows[0], rows[0] + b)) and b * longest * (1 - MAX_PADDING) <= sum(lens):
         return k_cache[rows[0]:rows[0] + b, :, :longest], v_cache[rows[0]:rows[0] + b, :, :longest]
     return None
 
 
-def _row_by_row(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor) -> Tensor:
+def attend_rows(q: Tensor, k_cache: Tensor, v_cache: Tensor, rows: list[int], lens: list[int]) -> Tensor:
     """One row at a time over its own cache views (five small ops a row)."""
     _, hq, d = q.shape
     hkv = k_cache.shape[1]
-    rows, lens = slots.tolist(), kv_lens.tolist()
     out = torch.empty_like(q)
     for row, (slot, n) in enumerate(zip(rows, lens)):
         keys, values = k_cache[slot, :, :n], v_cache[slot, :, :n]  # [Hkv, n, D] views
