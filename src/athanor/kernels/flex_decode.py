@@ -10,6 +10,12 @@ It attends over the same views as `decode_attention_per_seq` (nothing gathered),
 lengths as a score mask, and falls back to it where those views do not apply. Compiled once per
 process with dynamic shapes (batch size 1 is specialised: a second compile); not graph-safe (the
 views are chosen on the host).
+
+Heads narrower than `MIN_HEAD_DIM` take the fallback too: with torch 2.13 (CPU), the compiled flex
+attention of 16-wide heads returned wrong rows whenever the keys numbered 8 modulo 16 (8, 24, 40, ...;
+every other length right), so the evaluator refused such candidates on `tiny-dense` ("3 of 200 rows
+differ"). Heads of 32, 64 and 128 matched the per-row path at every length tried (2-259, and for 32 and
+64 also 6-1089 keys at batch 1-16).
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import torch
 from torch import Tensor
 
 from athanor.kernels.per_seq_attention import attend_rows, batch_views
+
+MIN_HEAD_DIM = 32
 
 
 def _attend(q: Tensor, keys: Tensor, values: Tensor, kv_lens: Tensor) -> Tensor:
@@ -41,7 +49,7 @@ def _compiled() -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
 def decode_attention_flex(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor) -> Tensor:
     """Grouped-query decode attention, as `decode_attention_per_seq` (same arguments). Returns [B, Hq, D]."""
     rows, lens = slots.tolist(), kv_lens.tolist()
-    views = batch_views(k_cache, v_cache, rows, lens)
+    views = batch_views(k_cache, v_cache, rows, lens) if q.shape[-1] >= MIN_HEAD_DIM else None
     if views is None:
         return attend_rows(q, k_cache, v_cache, rows, lens)
     keys, values = views

@@ -16,9 +16,15 @@ from torch import Tensor
 
 
 @functools.cache
-def has_onednn() -> bool:
-    """Whether this torch build has oneDNN (mkldnn) with the prepacked linear ops."""
-    return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+def has_onednn(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this torch build has oneDNN (mkldnn) with the prepacked linear ops for `dtype` on this CPU.
+    Its bf16 and fp16 paths need AVX-512 (or AVX-NE-CONVERT): on an AVX2-only CPU (the AMD EPYC of one CI
+    machine) packing a bf16 weight raises, so there only fp32 weights are packed."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    supported = {torch.float32: lambda: True, torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported,
+                 torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported}.get(dtype)
+    return bool(supported and supported())
 
 
 def pack_weight(w: Tensor) -> Tensor:

@@ -74,14 +74,26 @@ def test_num_kv_splits_is_static_and_bounded():
     ([2, 3, 4, 5], [5, 10, 96, 100]),  # consecutive, but short rows would waste keys: one row at a time
     ([5, 1, 3, 0], [90, 100, 96, 100]),  # slots out of order: one row at a time
     ([4, 5, 6], [128, 1, 127]),  # a one-key row and the cache's last key (flex: its length mask)
+    ([0, 1], [40, 40]),  # 8 keys modulo 16: the length torch 2.13's flex attention got wrong at 16-wide heads
 ])
 def test_per_seq_attention_paths_agree(gen, attend, slots, kv_lens):
-    hq, hkv, d, max_len, num_slots = 6, 3, 16, 128, 7
+    hq, hkv, d, max_len, num_slots = 6, 3, 32, 128, 7
     q = torch.randn(len(slots), hq, d, generator=gen)
     k_cache = torch.randn(num_slots, hkv, max_len, d, generator=gen)
     v_cache = torch.randn(num_slots, hkv, max_len, d, generator=gen)
     s, n = torch.tensor(slots), torch.tensor(kv_lens)
     out = attend(q, k_cache, v_cache, s, n)
+    torch.testing.assert_close(out, _expected(q, k_cache, v_cache, s, n), rtol=1e-4, atol=1e-5)
+
+
+def test_flex_attention_leaves_narrow_heads_to_the_per_row_path(gen, monkeypatch):
+    """16-wide heads never reach the compiled flex attention (wrong at some lengths, see flex_decode)."""
+    from athanor.kernels import flex_decode
+
+    monkeypatch.setattr(flex_decode, "_compiled", lambda: pytest.fail("flex attention ran on 16-wide heads"))
+    q, k_cache, v_cache = (torch.randn(*shape, generator=gen) for shape in ((2, 6, 16), (3, 3, 64, 16), (3, 3, 64, 16)))
+    s, n = torch.tensor([0, 1]), torch.tensor([40, 40])
+    out = flex_decode.decode_attention_flex(q, k_cache, v_cache, s, n)
     torch.testing.assert_close(out, _expected(q, k_cache, v_cache, s, n), rtol=1e-4, atol=1e-5)
 
 

@@ -174,13 +174,12 @@ class FastForward:
         return c.allocate((c.max_seqs + 1, s.num_kv_heads, c.max_seq_len, s.head_dim))
 
     def _pack_linears(self) -> dict[int, Tensor]:
-        """Each weight `_linear` reads, reordered once for oneDNN (none where this torch lacks it)."""
-        if not has_onednn():
-            return {}
+        """Each weight `_linear` reads, reordered once for oneDNN (none where this torch or CPU lacks it for
+        the weight's dtype: those run `linear`)."""
         names = ("wq", "wk", "wv", "wqkv", "wo", "w_gate", "w_up", "w_gate_up", "w_down", "router")
         weights = [w for layer in self.layers for w in (getattr(layer, n, None) for n in names)
                    if isinstance(w, Tensor)]
-        return {id(w): pack_weight(w) for w in [*weights, self.lm_head]}
+        return {id(w): pack_weight(w) for w in [*weights, self.lm_head] if has_onednn(w.dtype)}
 
     # -- pieces -----------------------------------------------------------------------------
     def _linear(self, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
