@@ -18,8 +18,14 @@ verdict is kept in a store under --out. Figures:
   confirming; "slow only" evaluates candidates on the slow tier until the budget is spent. Reported:
   candidates each strategy evaluates, their ratio, and the slow-tier speedup of each one's winner.
 
+`--slow-first N` evaluates only the first N candidates on both tiers and the rest on the fast tier:
+the correlation and the misses are figures of the first N, and the replay needs no more than the
+slow-tier verdicts of the candidates it reaches: those past N that it confirms are evaluated on the
+slow tier after the others (it replays again after each), so a long replay costs fast-tier time, not
+slow-tier time, for every candidate it only screens.
+
     python bench/tiers.py --model smollm2-135m --device cpu --candidates 30 [--traffic preset:chat]
-    python bench/tiers.py --model llama-3.1-8b --device cuda --dtype bfloat16 --candidates 30 \
+    python bench/tiers.py --model llama-3.1-8b --device cuda --dtype bfloat16 --candidates 50 --slow-first 30 \
         --devices cuda:0,cuda:1 --run-dir DIR --time-limit 400 [--resume] [-v]
 
 The 8B run needs ~40 minutes of one H200 (30 x (fast ~25 s + slow ~60 s)), beyond one device command
@@ -61,34 +67,52 @@ from athanor.loop.config import CompileConfig
 from athanor.model.registry import load_spec
 from athanor.store import EvaluationRecord, open_store
 
+NOT_RUN = "not run"
+"""The slow-tier stage of a candidate past `--slow-first` that no replay needed confirmed."""
 
-def _row(candidate_id: str, description: str, fast: EvaluationRecord, slow: EvaluationRecord) -> dict[str, Any]:
-    """One candidate's fast and slow verdicts, from the store's records (so a resumed run rebuilds them).
+
+def _row(candidate_id: str, description: str, fast: EvaluationRecord, slow: EvaluationRecord | None) -> dict[str, Any]:
+    """One candidate's fast and slow verdicts, from the store's records (so a resumed run rebuilds them);
+    `slow` None: not evaluated on the slow tier (stage `NOT_RUN`, figures NaN, accepted None).
     `fast_forwarded`: the fast tier's screen sends it to the slow tier (`timing.worth_confirming`, as
     `athanor compile` decides)."""
     forwarded = worth_confirming(Verdict.from_dict(fast.figures), EvaluateConfig.margin)
-    return {"candidate_id": candidate_id, "description": description, "fast_forwarded": forwarded,
-            **{f"{tier}_{k}": v for tier, ev in (("fast", fast), ("slow", slow)) for k, v in (
-                ("accepted", ev.accepted), ("stage", ev.stage), ("reason", ev.reason[:200]),
+
+    def fields(ev: EvaluationRecord | None) -> tuple[tuple[str, Any], ...]:
+        if ev is None:
+            return (("accepted", None), ("stage", NOT_RUN), ("reason", ""), *((k, math.nan) for k in (
+                "speedup", "ci_low", "ci_high", "gpu_s_per_1k", "wall_s")))
+        return (("accepted", ev.accepted), ("stage", ev.stage), ("reason", ev.reason[:200]),
                 ("speedup", ev.speedup), ("ci_low", ev.speedup_ci_low), ("ci_high", ev.speedup_ci_high),
-                ("gpu_s_per_1k", ev.gpu_s_per_1k), ("wall_s", ev.wall_s))}}
+                ("gpu_s_per_1k", ev.gpu_s_per_1k), ("wall_s", ev.wall_s))
+
+    return {"candidate_id": candidate_id, "description": description, "fast_forwarded": forwarded,
+            **{f"{tier}_{k}": v for tier, ev in (("fast", fast), ("slow", slow)) for k, v in fields(ev)}}
 
 
-def _rows_so_far(store: Any, run_id: str) -> tuple[list[dict[str, Any]], list[tuple[str, EvaluationRecord]]]:
-    """Rows of the candidates evaluated on both tiers, in proposal order, and the fast-tier history
-    (source, record) that warm-starts the variant agent."""
+def _on_slow(row: dict[str, Any]) -> bool:
+    return bool(row["slow_stage"] != NOT_RUN)
+
+
+def _rows_so_far(store: Any, run_id: str, slow_first: int) -> tuple[list[dict[str, Any]],
+                                                                      list[tuple[str, EvaluationRecord]]]:
+    """Rows of the candidates done (on both tiers, or on the fast tier past the first `slow_first`), in
+    proposal order, and the fast-tier history (source, record) that warm-starts the variant agent."""
     rows, history = [], []
-    for cand in store.candidates(run_id):
+    for i, cand in enumerate(c for c in store.candidates(run_id) if c.author != "reference"):
         evs = {ev.tier: ev for ev in store.evaluations(run_id, candidate_id=cand.id)}
         if "fast" in evs:
             history.append((cand.source, evs["fast"]))
-        if "fast" in evs and "slow" in evs:
-            rows.append(_row(cand.id, cand.description, evs["fast"], evs["slow"]))
+        if "fast" in evs and ("slow" in evs or i >= slow_first):
+            rows.append(_row(cand.id, cand.description, evs["fast"], evs.get("slow")))
     return rows, history
 
 
 def equal_budget(rows: list[dict[str, Any]], budget_s: float, reserve_s: float) -> dict[str, Any]:
-    """Both strategies replayed from the measured wall times, candidates in proposal order."""
+    """Both strategies replayed from the measured wall times, candidates in proposal order. A replay that
+    reaches a candidate with no slow-tier verdict stops there and names it in `needs_slow` (the run then
+    evaluates it and replays again)."""
+    needs: list[str] = []
     spent, screened, accepted = 0.0, 0, []
     for r in rows:  # fast + slow: screen until the reserve, then confirm the best accepted first
         if spent + r["fast_wall_s"] > budget_s - reserve_s:
@@ -99,6 +123,9 @@ def equal_budget(rows: list[dict[str, Any]], budget_s: float, reserve_s: float) 
             accepted.append(r)
     winner, confirmed = None, 0
     for r in sorted(accepted, key=lambda r: r["fast_gpu_s_per_1k"]):
+        if not _on_slow(r):
+            needs.append(r["candidate_id"])
+            break
         if confirmed and spent + r["slow_wall_s"] > budget_s:  # the first confirmation always runs
             break
         spent += r["slow_wall_s"]
@@ -108,6 +135,9 @@ def equal_budget(rows: list[dict[str, Any]], budget_s: float, reserve_s: float) 
             break
     slow_spent, slow_done, slow_winner = 0.0, 0, None
     for r in rows:  # slow only
+        if not _on_slow(r):
+            needs.append(r["candidate_id"])
+            break
         if slow_done and slow_spent + r["slow_wall_s"] > budget_s:
             break
         slow_spent += r["slow_wall_s"]
@@ -123,7 +153,14 @@ def equal_budget(rows: list[dict[str, Any]], budget_s: float, reserve_s: float) 
                       "winner": slow_winner["candidate_id"] if slow_winner else None,
                       "winner_slow_speedup": slow_winner["slow_speedup"] if slow_winner else None},
         "screened_ratio": screened / max(slow_done, 1),
+        "needs_slow": needs,
     }
+
+
+def _line(r: dict[str, Any]) -> str:
+    slow = f"slow x{r['slow_speedup']:.3f} ({r['slow_stage']}, {r['slow_wall_s']:.0f} s)" if _on_slow(r) else "slow not run"
+    return (f"{r['candidate_id']} fast x{r['fast_speedup']:.3f} ({r['fast_stage']}, {r['fast_wall_s']:.0f} s)  {slow}  "
+            f"{r['description'][:60]}")
 
 
 def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -132,7 +169,7 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
         if len(timed) >= 3 else float("nan")
     crowned = min((r for r in rows if r["slow_accepted"]), key=lambda r: r["slow_gpu_s_per_1k"], default=None)
     misses = [r["candidate_id"] for r in rows if r["slow_accepted"] and not r["fast_forwarded"]]
-    return {"timed_on_both": len(timed), "spearman": rho, "misses": misses,
+    return {"on_both": sum(_on_slow(r) for r in rows), "timed_on_both": len(timed), "spearman": rho, "misses": misses,
             "slow_best": crowned["candidate_id"] if crowned else None,
             "slow_best_missed": bool(crowned and crowned["candidate_id"] in misses)}
 
@@ -147,6 +184,9 @@ def main() -> int:
     ap.add_argument("--dtype", default="")
     ap.add_argument("--traffic", default="preset:chat")
     ap.add_argument("--candidates", type=int, default=30)
+    ap.add_argument("--slow-first", type=int, default=-1,
+                    help="evaluate only the first N candidates on the slow tier too, the rest on the fast tier "
+                         "(and on the slow tier where the replay confirms them); default: all")
     ap.add_argument("--budget", type=float, default=480.0, help="seconds of the equal-budget comparison")
     ap.add_argument("--max-seqs", type=int, default=0, help="engine slots (0: what athanor compile uses)")
     ap.add_argument("--max-seq-len", type=int, default=0)
@@ -161,6 +201,7 @@ def main() -> int:
         ap.error("--resume and --report need --run-dir")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(threadName)s %(name)s: %(message)s")
+    slow_first = args.candidates if args.slow_first < 0 else args.slow_first
     devices = [d.strip() for d in (args.devices or args.device).split(",") if d.strip()]
     if len(set(devices)) != len(devices):
         # lanes on one device wait for its lock, and an evaluation's wall time would count the wait
@@ -184,10 +225,10 @@ def main() -> int:
             if not runs:
                 ap.error(f"{args.run_dir} holds no run")
             run = store.resume_run(runs[0].id) if args.resume else runs[0]  # --report changes nothing
-            rows, history = _rows_so_far(store, run.id)
+            rows, history = _rows_so_far(store, run.id, slow_first)
             agent.warm_start(history)
             if args.resume:
-                print(f"resuming run {run.id}: {len(rows)} candidates on both tiers", file=sys.stderr)
+                print(f"resuming run {run.id}: {len(rows)} candidates done", file=sys.stderr)
         else:
             if runs:
                 ap.error(f"--run-dir {args.run_dir} already holds run {runs[0].id}: pass --resume")
@@ -195,7 +236,7 @@ def main() -> int:
             store.add_candidate(run.id, reference.source, author="reference")
             rows = []
         started = time.perf_counter()
-        in_flight = 0  # candidates proposed and not yet on both tiers
+        in_flight = 0  # candidates proposed and not yet done
 
         def lane(device: str) -> None:
             """Propose, screen and confirm candidates one after the other on `device` (its own engines;
@@ -218,6 +259,7 @@ def main() -> int:
                             print("the variant agent has nothing new to propose", file=sys.stderr)
                             return
                         p = proposals[0]
+                        on_slow = sum(c.author != "reference" for c in store.candidates(run.id)) < slow_first
                         cand = Candidate.from_source(p.source, parent=p.parent_id, author=p.author,
                                                      description=p.description)
                         store.add_candidate(run.id, cand.source, parent_id=p.parent_id, author=p.author,
@@ -227,15 +269,30 @@ def main() -> int:
                     with lock:
                         fast_record = store.record_verdict(run.id, fast_verdict, tier="fast")
                         agent.observe([fast_record])
-                    slow_verdict = slow.evaluate(cand, reference).to_dict()
+                    slow_verdict = slow.evaluate(cand, reference).to_dict() if on_slow else None
                     with lock:
-                        slow_record = store.record_verdict(run.id, slow_verdict, tier="slow")
+                        slow_record = store.record_verdict(run.id, slow_verdict, tier="slow") if slow_verdict else None
                         in_flight -= 1
                         rows.append(_row(cand.id, p.description, fast_record, slow_record))
-                        r = rows[-1]
-                        print(f"{len(rows):3d} {device} {cand.id} fast x{r['fast_speedup']:.3f} ({r['fast_stage']}, "
-                              f"{r['fast_wall_s']:.0f} s)  slow x{r['slow_speedup']:.3f} ({r['slow_stage']}, "
-                              f"{r['slow_wall_s']:.0f} s)  {p.description[:60]}", file=sys.stderr, flush=True)
+                        print(f"{len(rows):3d} {device} {_line(rows[-1])}", file=sys.stderr, flush=True)
+
+        def confirm_for_replay() -> None:
+            """Evaluate on the slow tier the candidates past --slow-first that the replay confirms."""
+            replay = equal_budget(rows, args.budget, config.reserve_s)
+            if not replay["needs_slow"]:
+                return
+            with Evaluator(config.evaluate_config("slow")) as slow:
+                while replay["needs_slow"]:
+                    cid = replay["needs_slow"][0]
+                    cand = next(c for c in store.candidates(run.id) if c.id == cid)
+                    record = store.record_verdict(run.id, slow.evaluate(Candidate.from_source(
+                        cand.source, parent=cand.parent_id, author=cand.author, description=cand.description),
+                        reference).to_dict(), tier="slow")
+                    k = next(i for i, r in enumerate(rows) if r["candidate_id"] == cid)
+                    fast_record = next(ev for ev in store.evaluations(run.id, candidate_id=cid) if ev.tier == "fast")
+                    rows[k] = _row(cid, cand.description, fast_record, record)
+                    print(f"confirmed for the replay: {_line(rows[k])}", file=sys.stderr, flush=True)
+                    replay = equal_budget(rows, args.budget, config.reserve_s)
 
         if not args.report:
             with ThreadPoolExecutor(len(devices)) as pool:
@@ -243,16 +300,20 @@ def main() -> int:
                     done.result()
         order = {c.id: i for i, c in enumerate(store.candidates(run.id))}
         rows.sort(key=lambda r: order[r["candidate_id"]])  # lanes finish out of order; the replay wants proposals'
+        if not args.report and len(rows) >= args.candidates:
+            confirm_for_replay()
     record = {"benchmark": "tiers", "model": args.model, "device": args.device, "lanes": devices,
               "traffic": args.traffic,
               "fast_layers": config.evaluate_config("fast").fast_layers,
               "max_seqs": config.evaluate_config("slow").max_seqs,
               "call_wall_s": time.perf_counter() - started,  # this call's; a resumed run spans several
-              "evaluations_s": sum(r["fast_wall_s"] + r["slow_wall_s"] for r in rows),
+              "slow_first": slow_first,
+              "evaluations_s": sum(r["fast_wall_s"] + (r["slow_wall_s"] if _on_slow(r) else 0.0) for r in rows),
               "candidates": rows, **figures(rows), "equal_budget": equal_budget(rows, args.budget, config.reserve_s)}
     path = write(record, Path(args.out) / f"tiers_{args.model}_{args.device}.json")
     eb = record["equal_budget"]
-    print(f"\n{len(rows)} candidates, {record['timed_on_both']} timed on both tiers -> {path}")
+    print(f"\n{len(rows)} candidates, {record['on_both']} on both tiers, {record['timed_on_both']} timed on both"
+          f" -> {path}")
     print(f"Spearman fast vs slow: {record['spearman']:.3f} (target >= 0.8)")
     print(f"fast-tier misses: {len(record['misses'])}; the slow tier's best missed: {record['slow_best_missed']}")
     print(f"{args.budget:.0f} s: fast+slow screens {eb['fast_slow']['screened']} (winner x"

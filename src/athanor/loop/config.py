@@ -84,10 +84,13 @@ class CompileConfig:
             # On a GPU an evaluation's cost is its scripts, not its layers (8B on an H200: a fast-tier
             # decode step is 1.3 ms, its script's set-up and checks seconds), so the screen is made cheap
             # the same way as on a CPU: one decode shape, half the decode pairs (their intervals stay
-            # within ±0.3%) and a capped check; the slow tier keeps the defaults and confirms. Prefill
-            # keeps its pairs: with 16 (e5e6006) an eager prefill's A/A interval stayed wider than ±10%
-            # in 4 of 10 fast-tier evaluations of the 8B.
-            return replace(base, max_decode_shapes=1, decode_pairs=30, check_tokens=8192)
+            # within ±0.3%), a capped check, and one round of pairs per shape (no time budget, so no
+            # further rounds: at fed760a those were 6 of a fast-tier evaluation's ~15 s, spent narrowing
+            # an eager prefill's A/A interval from ~±5% towards ±1%, a precision a screen does not need);
+            # the slow tier keeps the defaults and confirms. Prefill keeps its pairs: with 16 (e5e6006)
+            # an eager prefill's A/A interval stayed wider than ±10% in 4 of 10 fast-tier evaluations of
+            # the 8B.
+            return replace(base, max_decode_shapes=1, decode_pairs=30, check_tokens=8192, timing_budget_s=0.0)
         # On a 2-core CPU one step of the whole model takes ~0.1-1 s: time fewer pairs (the interval
         # says what that costs in certainty) and only the shapes that carry the workload.
         cpu = replace(base, max_decode_shapes=1, check_tokens=2048, timing_budget_s=0.5, warmup=2,

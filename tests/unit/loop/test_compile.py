@@ -8,11 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from athanor.cli import main
 from athanor.errors import ConfigError
-from athanor.evaluate import EvaluateConfig, QualityBudget
+from athanor.evaluate import EvaluateConfig, Evaluator, QualityBudget
 from athanor.loop import CompileConfig, compile_session
 from athanor.store import open_store
 
@@ -150,3 +151,11 @@ def test_gpu_fast_tier_is_a_cheaper_screen_and_the_slow_tier_keeps_the_defaults(
     assert fast.decode_pairs < slow.decode_pairs and fast.prefill_pairs == slow.prefill_pairs
     assert fast.max_decode_shapes == 1 and fast.check_tokens > 0
     assert (fast.max_seqs, fast.max_seq_len) == (slow.max_seqs, slow.max_seq_len) == (8, 512)
+    assert slow.timing_budget_s == defaults.timing_budget_s > 0 and slow.precision == defaults.precision
+
+    # The screen times one round of pairs per shape, however noisy its A/A interval; the slow tier adds
+    # rounds while its time budget and the interval call for them.
+    rng = np.random.default_rng(0)
+    noisy = [rng.normal(1e-3, 2e-4, size=(3, fast.prefill_pairs))]  # an A/A interval far wider than ±1%
+    assert Evaluator(fast)._more_pairs(noisy, fast.prefill_pairs) == 0
+    assert Evaluator(slow)._more_pairs(noisy, slow.prefill_pairs) > 0
