@@ -22,9 +22,11 @@ def has_onednn(dtype: torch.dtype = torch.float32) -> bool:
     machine) packing a bf16 weight raises, so there only fp32 weights are packed."""
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return False
-    supported = {torch.float32: lambda: True, torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported,
-                 torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported}.get(dtype)
-    return bool(supported and supported())
+    if dtype == torch.float32:
+        return True
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return dtype == torch.float16 and bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
 
 
 def pack_weight(w: Tensor) -> Tensor:
