@@ -3,7 +3,7 @@
 # shape (random weights, bf16, variant search only, built-in chat traffic), then the winner's
 # batch-1 decode at context 1024 through the engine's captured path (target: <= 1.28 ms/token,
 # the gpt-fast-style torch.compile figure measured on this H200). Run directory under $OUT.
-#   ATHANOR_COMMIT=$(git rev-parse HEAD) bash bench/gpu_compile_1b.sh
+#   ATHANOR_COMMIT=<hash> bash bench/gpu_compile_1b.sh
 source "$(dirname "$0")/_gpu_env.sh"
 run="$OUT/compile-llama-3.2-1b-h200"
 t0=$(date +%s)

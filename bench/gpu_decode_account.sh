@@ -4,7 +4,7 @@
 # a fused-weights torch-ops candidate under torch.compile with Inductor's coordinate-descent tuning
 # (the gpt-fast recipe), the 8B best per kernel, then qwen3-30b-a3b at batch 1 (routing replayed
 # from a Zipf-parametric profile unless ROUTING names a recorded one). JSON per cell under $OUT.
-#   ATHANOR_COMMIT=$(git rev-parse HEAD) bash bench/gpu_decode_account.sh
+#   ATHANOR_COMMIT=<hash> bash bench/gpu_decode_account.sh
 source "$(dirname "$0")/_gpu_env.sh"
 export TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1
 fused=/tmp/fused_torch_compile.py  # the template with fused QKV and gate/up, torch ops, torch.compile

@@ -2,7 +2,7 @@
 # One device call (< 9 min on an H200): the evaluator's GPU tests, three A/A runs of the whole random
 # llama-3.2-1b in bf16 (bench/evaluate_noise.py), and one stream through `athanor serve` against the
 # bare batch-1 step (bench/serve_stream.py); JSON and logs under $OUT, tables last.
-#   ATHANOR_COMMIT=$(git rev-parse HEAD) bash bench/gpu_evaluate_check.sh
+#   ATHANOR_COMMIT=<hash> bash bench/gpu_evaluate_check.sh
 source "$(dirname "$0")/_gpu_env.sh"
 nvidia-smi -L
 python3 -c 'import torch, sys; print(sys.version.split()[0], torch.__version__)'

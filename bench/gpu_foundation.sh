@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: the GPU tests, then the engine's swap benchmark on random-weight Llama shapes
 # saved as HF directories (so the engine cold-starts from real files). Writes under $OUT.
-#   ATHANOR_COMMIT=$(git rev-parse HEAD) bash bench/gpu_foundation.sh
+#   ATHANOR_COMMIT=<hash> bash bench/gpu_foundation.sh
 set -uo pipefail
 OUT=${OUT:-bench/results}
 export PYTHONUNBUFFERED=1

@@ -7,7 +7,7 @@
 # (attention as split kernel + merge kernel), and for 1B and qwen3 the same with `attention=triton_fused`
 # as the A/B (AB=0 skips it). At 44c8d21 and e7f26c4 the roles were swapped: the best-known candidate
 # had the fused attention, the A/B file (split_kv) the split one. JSON under $OUT.
-#   ATHANOR_COMMIT=$(git rev-parse HEAD) [TESTS=kernels] [AB=0] bash bench/gpu_fused_attention.sh
+#   ATHANOR_COMMIT=<hash> [TESTS=kernels] [AB=0] bash bench/gpu_fused_attention.sh
 source "$(dirname "$0")/_gpu_env.sh"
 tests="tests/gpu/test_kernels_gpu.py tests/gpu/test_serve_gpu.py tests/gpu/test_engine_gpu.py"
 [ "${TESTS:-}" = kernels ] && tests=tests/gpu/test_kernels_gpu.py

@@ -3,7 +3,7 @@
 # residual epilogues, split-K reduced in-kernel) against cuBLAS per projection and in whole batch-1
 # decode steps (1B and 8B, per kernel), its verdict against the best-known candidate, the chained
 # serving steps' GPU test, and one stream through the server. JSON under $OUT.
-#   ATHANOR_COMMIT=$(git rev-parse HEAD) bash bench/gpu_fused_gemv.sh
+#   ATHANOR_COMMIT=<hash> bash bench/gpu_fused_gemv.sh
 source "$(dirname "$0")/_gpu_env.sh"
 timeout 200 python3 -m pytest -q -s -m gpu tests/gpu/test_kernels_gpu.py tests/gpu/test_serve_gpu.py \
   -k "fused_linear or chained" 2>&1 | grep -E "fused gemv|passed|failed|Error|assert" | tail -40

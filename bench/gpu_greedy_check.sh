@@ -2,7 +2,7 @@
 # One device call (< 5 min on an H200): the engine and model GPU tests (graphs, swaps, captured ==
 # eager), then batch-1 decode with the argmax graph: llama-3.2-1b reference and best (per kernel),
 # llama-3.1-8b best. JSON per cell under $OUT.
-#   ATHANOR_COMMIT=$(git rev-parse HEAD) bash bench/gpu_greedy_check.sh
+#   ATHANOR_COMMIT=<hash> bash bench/gpu_greedy_check.sh
 source "$(dirname "$0")/_gpu_env.sh"
 timeout 200 python3 -m pytest tests/gpu/test_engine_gpu.py tests/gpu/test_model_gpu.py -q -m gpu -p no:cacheprovider \
   2>&1 | tail -4

@@ -4,7 +4,7 @@
 # (routing replayed from a Zipf-parametric profile) at context 1k, and the reference under torch.compile.
 # Each invocation stops starting cells after its budget (the rest are recorded as skipped); a KV cache
 # that does not fit is recorded with its bytes. All cells are gathered into one JSON under $OUT.
-#   ATHANOR_COMMIT=$(git rev-parse HEAD) bash bench/gpu_matrix.sh
+#   ATHANOR_COMMIT=<hash> bash bench/gpu_matrix.sh
 source "$(dirname "$0")/_gpu_env.sh"
 cells() {  # MODEL CANDIDATE "BATCH:CONTEXT ..." -> MODEL:CANDIDATE:B:C,...
   local out=""; for bc in $3; do out+="$1:$2:$bc,"; done; echo "${out%,}"

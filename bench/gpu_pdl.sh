@@ -7,7 +7,7 @@
 # next launch after its weight stream instead of at its start, $OUT/late). Results of earlier runs:
 # results/pdl/ (commit bd916e9, PDL triggered late, against no PDL) and results/pdl-early/ (db8d6eb,
 # late against early, then set by ATHANOR_PDL_EARLY=1).
-#   ATHANOR_COMMIT=$(git rev-parse HEAD) [VARIANT=late] bash bench/gpu_pdl.sh
+#   ATHANOR_COMMIT=<hash> [VARIANT=late] bash bench/gpu_pdl.sh
 source "$(dirname "$0")/_gpu_env.sh"
 timeout 260 python3 -m pytest -q -m gpu tests/gpu/test_kernels_gpu.py tests/gpu/test_serve_gpu.py \
   tests/gpu/test_engine_gpu.py 2>&1 | grep -E "passed|failed|FAILED|Error" | tail -15

@@ -5,7 +5,7 @@
 # one lane per GPU on nvidia-h200-x2). The store comes back in $OUT/tiers_run, the log (with each script's
 # cost) in $OUT/tiers.log, and the compiler caches (Triton kernels and autotuning results) in
 # $OUT/compile_cache.tgz.
-# First call:  ATHANOR_COMMIT=$(git rev-parse HEAD) TIME_LIMIT=400 bash bench/gpu_tiers.sh
+# First call:  ATHANOR_COMMIT=<hash> TIME_LIMIT=400 bash bench/gpu_tiers.sh
 # Later calls: copy the returned tiers_run/ to .tiers_run/ and compile_cache.tgz to .compile_cache/ in the
 #              checkout (both git-ignored), carry them (carry [".whl", ".tiers_run", ".compile_cache"]) and
 #              run with RESUME=1; TIME_LIMIT (s) starts no candidate later. The caches make a later call

@@ -12,16 +12,26 @@ from typing import Any
 import torch
 
 
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10, cwd=Path(__file__).parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
 def git_commit() -> str:
-    """$ATHANOR_COMMIT (set when the tree travels without .git, e.g. to a lent GPU), else `git rev-parse HEAD`."""
+    """$ATHANOR_COMMIT (set when the tree travels without .git, e.g. to a lent GPU: give the hash itself, not a
+    `$(git rev-parse HEAD)` the remote shell would evaluate), else `git rev-parse HEAD`, with "-dirty" when
+    tracked files differ from it: a tree copied beside an older .git (as one lent GPU's copy was) then says
+    so instead of naming a commit that did not run."""
     if env := os.environ.get("ATHANOR_COMMIT"):
         return env
-    try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                              cwd=Path(__file__).parent)
-    except (OSError, subprocess.SubprocessError):
+    head = _git("rev-parse", "HEAD")
+    if not head:
         return "unknown"
-    return done.stdout.strip() if done.returncode == 0 else "unknown"
+    changed = _git("status", "--porcelain", "--untracked-files=no")
+    return head + ("-dirty" if changed else "")
 
 
 def environment(device: str | torch.device | None = None) -> dict[str, Any]:
