@@ -70,8 +70,9 @@ class EvaluateConfig:
     max_decode_shapes: int = 2
     max_prefill_shapes: int = 1
     noise_limit: float = 0.10
-    """An A/A interval wider than this on either side means the machine was busy: the measurement is
-    discarded and repeated with fresh inputs, up to `max_attempts` times, then judged as "error"."""
+    """An A/A interval wider than this on either side means the machine is noisy: each shape is timed again
+    on fresh inputs and the new pairs pooled with the earlier ones, up to `max_attempts` rounds in all, then
+    judged as "error" ("too noisy to judge")."""
     max_attempts: int = 2
     physical_slack: float = 1.25
     """A step faster than bytes / measured bandwidth by more than this factor is refused as impossible."""

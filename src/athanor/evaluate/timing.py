@@ -175,7 +175,7 @@ def decide(speedup: Speedup, noise: Speedup, margin: float = 0.01) -> Decision:
 
 
 def too_noisy(noise: Speedup, max_halfwidth: float) -> bool:
-    """The A/A interval is wider than `max_halfwidth` on either side: the machine was busy."""
+    """The A/A interval is wider than `max_halfwidth` on either side: the machine is too noisy to judge on."""
     return noise.num_pairs > 0 and (noise.ci_high - 1.0 > max_halfwidth or 1.0 - noise.ci_low > max_halfwidth)
 
 

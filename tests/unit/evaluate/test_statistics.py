@@ -151,3 +151,41 @@ def test_spread_figures() -> None:
     assert 0.008 < repeatability(a, c) < 0.012
     a, _, c = _stepwise(400, 6, 0.01, spread=0.5)
     assert robust_cv(a) > 0.1 and repeatability(a, c) < 0.012  # the steps' differences are not run-to-run noise
+
+
+def test_a_noisy_machine_gets_more_pairs_not_a_fresh_start() -> None:
+    """Each attempt alone leaves the A/A interval wider than ±10%; their pairs pooled do not, so the tier is
+    judged on both attempts' pairs. With one attempt the same first pairs are "too noisy to judge"."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from athanor.evaluate import EvaluateConfig, Evaluator
+    from athanor.evaluate.cascade import Rejected
+    from athanor.evaluate.objective import StepShape
+
+    rng = np.random.default_rng(34)
+
+    def attempt() -> np.ndarray:  # [incumbent, candidate, twin] x 10 pairs at a cv of 12%
+        a, b, c = (scale * 1e-3 * (1 + 0.12 * rng.standard_normal(10)) for scale in (1.0, 0.7, 1.0))
+        return np.stack([a, b, c])
+
+    engines = SimpleNamespace(num_layers=2, bandwidth=1e12)
+    evaluator = Evaluator(EvaluateConfig(model="tiny-dense", max_attempts=2))
+    shapes = 3  # the tiny preset's chosen shapes: two decode, one prefill
+    first, second = [attempt() for _ in range(shapes)], [attempt() for _ in range(shapes)]
+    served = iter(first + second)
+    evaluator._timed_shape = lambda *args: next(served)  # type: ignore[method-assign]
+    pooled = evaluator._time("fast", engines, (), None, 0, "timing")  # type: ignore[arg-type]
+    assert not too_noisy(pooled.noise, 0.10)
+    assert next(served, None) is None  # both attempts were timed
+    timed = [StepShape(m.kind, m.batch_size, m.tokens, m.context_len) for m in pooled.measurements]
+    for alone in (first, second):
+        times = {shape: (t[0], t[1], t[2]) for shape, t in zip(timed, alone, strict=True)}
+        assert too_noisy(evaluator._figures("fast", times, 2, 2, 1e12).noise, 0.10)
+
+    served = iter(first)
+    once = Evaluator(EvaluateConfig(model="tiny-dense", max_attempts=1))
+    once._timed_shape = lambda *args: next(served)  # type: ignore[method-assign]
+    with pytest.raises(Rejected, match="too noisy to judge"):
+        once._time("fast", engines, (), None, 0, "timing")  # type: ignore[arg-type]
