@@ -28,7 +28,8 @@ slow-tier time, for every candidate it only screens.
     python bench/tiers.py --model llama-3.1-8b --device cuda --dtype bfloat16 --candidates 50 --slow-first 30 \
         --devices cuda:0,cuda:1 --run-dir DIR --time-limit 400 [--resume] [-v]
 
-The 8B run needs ~40 minutes of one H200 (30 x (fast ~25 s + slow ~60 s)), beyond one device command
+The 8B run of 30 candidates on both tiers needs ~40 minutes of one H200 (30 x (fast ~25 s + slow ~60 s));
+50 with `--slow-first 10` took three calls of 6-8 minutes at 9b5ea9b. Either is beyond one device command
 (10 minutes). So `--devices` runs one lane per GPU (each its own fast and slow engines; the lanes share
 the agent and the store, and the rows are replayed in proposal order), `--run-dir DIR` keeps the store
 in DIR (carry it from call to call), `--time-limit S` starts no candidate after S seconds, and

@@ -18,8 +18,8 @@ from torch import Tensor
 @functools.cache
 def has_onednn(dtype: torch.dtype = torch.float32) -> bool:
     """Whether this torch build has oneDNN (mkldnn) with the prepacked linear ops for `dtype` on this CPU.
-    Its bf16 and fp16 paths need AVX-512 (or AVX-NE-CONVERT): on an AVX2-only CPU (the AMD EPYC of one CI
-    machine) packing a bf16 weight raises, so there only fp32 weights are packed."""
+    Its bf16 and fp16 paths need AVX-512 (or AVX-NE-CONVERT): on an AVX2-only CPU (one development VM's AMD
+    EPYC) packing a bf16 weight raises, so there only fp32 weights are packed."""
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return False
     if dtype == torch.float32:
