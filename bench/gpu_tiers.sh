@@ -13,7 +13,7 @@
 # The engine slots come from athanor.loop.memory (16 for the 8B on an H200).
 source "$(dirname "$0")/_gpu_env.sh"
 mkdir -p "$OUT/tiers_run"
-cache="$HOME/.cache/athanor/compile"  # EngineConfig.compile_cache_dir's default
+cache=$(python3 -c "from athanor.engine.config import EngineConfig; print(EngineConfig(model='').compile_cache_dir())")
 flag=""
 if [ -n "${RESUME:-}" ]; then
   cp -r .tiers_run/. "$OUT/tiers_run/" && flag=--resume

@@ -285,7 +285,8 @@ def main() -> int:
             with Evaluator(config.evaluate_config("slow")) as slow:
                 while replay["needs_slow"]:
                     cid = replay["needs_slow"][0]
-                    cand = next(c for c in store.candidates(run.id) if c.id == cid)
+                    cand = store.get_candidate(run.id, cid)
+                    assert cand is not None  # the replay names candidates of this run
                     record = store.record_verdict(run.id, slow.evaluate(Candidate.from_source(
                         cand.source, parent=cand.parent_id, author=cand.author, description=cand.description),
                         reference).to_dict(), tier="slow")

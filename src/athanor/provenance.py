@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import platform
 import subprocess
@@ -20,11 +21,13 @@ def _git(*args: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
+@functools.cache
 def git_commit() -> str:
     """$ATHANOR_COMMIT (set when the tree travels without .git, e.g. to a lent GPU: give the hash itself, not a
     `$(git rev-parse HEAD)` the remote shell would evaluate), else `git rev-parse HEAD`, with "-dirty" when
     tracked files differ from it: a tree copied beside an older .git (as one lent GPU's copy was) then says
     so instead of naming a commit that did not run."""
+    # Cached: the code a process runs is the code it imported, and every verdict asks.
     if env := os.environ.get("ATHANOR_COMMIT"):
         return env
     head = _git("rev-parse", "HEAD")
@@ -34,14 +37,16 @@ def git_commit() -> str:
     return head + ("-dirty" if changed else "")
 
 
-def environment(device: str | torch.device | None = None) -> dict[str, Any]:
-    """Device name, GPU, versions, threads, commit and time."""
+def triton_version() -> str | None:
     try:
         import triton
-
-        triton_version: str | None = triton.__version__
     except ImportError:
-        triton_version = None
+        return None
+    return str(triton.__version__)
+
+
+def environment(device: str | torch.device | None = None) -> dict[str, Any]:
+    """Device name, GPU, versions, threads, commit and time."""
     device = str(device) if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     return {
@@ -54,6 +59,6 @@ def environment(device: str | torch.device | None = None) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "triton": triton_version,
+        "triton": triton_version(),
         "host": platform.node(),
     }

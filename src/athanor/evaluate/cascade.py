@@ -44,7 +44,7 @@ from athanor.evaluate.timing import (
 )
 from athanor.evaluate.verdict import Measurement, Speedup, TierResult, Verdict
 from athanor.model.registry import load_spec
-from athanor.provenance import environment
+from athanor.provenance import triton_version
 from athanor.traffic import Workload
 
 log = logging.getLogger(__name__)
@@ -59,8 +59,7 @@ class Rejected(Exception):
 
 
 def versions() -> dict[str, str]:
-    env = environment()
-    return {"torch": env["torch"], "triton": env["triton"] or ""}
+    return {"torch": torch.__version__, "triton": triton_version() or ""}
 
 
 @dataclass
@@ -249,7 +248,7 @@ class Evaluator:
         shapes = obj.choose_shapes(self.workload(), self.spec, cfg.max_seqs, cfg.max_seq_len,
                                    cfg.decode_pairs + cfg.warmup,
                                    self.dtype_bytes, cfg.max_decode_shapes, cfg.max_prefill_shapes)
-        times: dict[obj.StepShape, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        pooled: dict[obj.StepShape, np.ndarray] = {}  # [sides, pairs] per shape, over the attempts so far
         for attempt in range(cfg.max_attempts):
             for k, shape in enumerate(shapes):
                 per = self._timed_shape(engines, ids, text, shape, seed + 7 * k + 1000 * attempt, stage)
@@ -257,11 +256,8 @@ class Evaluator:
                 # whose decode step read a cv of 5-10%), discarding them left every attempt as wide as the
                 # first (the demo's slow tier: A/A [0.994, 1.131], then [0.973, 1.103]: no verdict); more
                 # pairs narrow the interval, and the median-based statistics shrug off a burst in one attempt.
-                prev = times.get(shape)
-                a, b, c = (per[0], per[1], per[2]) if prev is None else (
-                    np.concatenate([prev[0], per[0]]), np.concatenate([prev[1], per[1]]),
-                    np.concatenate([prev[2], per[2]]))
-                times[shape] = (a, b, c)
+                pooled[shape] = per if shape not in pooled else np.concatenate([pooled[shape], per], axis=1)
+            times = {shape: (t[0], t[1], t[2]) for shape, t in pooled.items()}
             result = self._figures(tier, times, n, full, engines.bandwidth)
             if not too_noisy(result.noise, cfg.noise_limit):
                 break
