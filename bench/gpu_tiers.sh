@@ -10,6 +10,9 @@
 #              checkout (both git-ignored), carry them (carry [".whl", ".tiers_run", ".compile_cache"]) and
 #              run with RESUME=1; TIME_LIMIT (s) starts no candidate later. The caches make a later call
 #              start where a resumed run on one machine would: with the kernels compiled and tuned.
+# A first call may carry .compile_cache too (an earlier run's): it then starts as a continuous compiler's
+# later runs do, with the kernels compiled and tuned. Each tier's engines start before the candidates and
+# are timed apart (startup.json in the run directory); the replay charges them once.
 # The engine slots come from athanor.loop.memory (16 for the 8B on an H200).
 source "$(dirname "$0")/_gpu_env.sh"
 mkdir -p "$OUT/tiers_run"
@@ -17,9 +20,9 @@ cache=$(python3 -c "from athanor.engine.config import EngineConfig; print(Engine
 flag=""
 if [ -n "${RESUME:-}" ]; then
   cp -r .tiers_run/. "$OUT/tiers_run/" && flag=--resume
-  if [ -f .compile_cache/compile_cache.tgz ]; then
-    mkdir -p "$cache" && tar xzf .compile_cache/compile_cache.tgz -C "$cache" && echo "compiler caches restored"
-  fi
+fi
+if [ -f .compile_cache/compile_cache.tgz ]; then
+  mkdir -p "$cache" && tar xzf .compile_cache/compile_cache.tgz -C "$cache" && echo "compiler caches restored"
 fi
 lanes=""
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then

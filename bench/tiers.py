@@ -15,7 +15,10 @@ verdict is kept in a store under --out. Figures:
 - equal budget (`--budget`, default 8 minutes), replayed from the measured wall times of these very
   evaluations in proposal order: "fast + slow" screens every candidate on the fast tier and
   confirms, best projected cost first, those it forwarded, keeping `CompileConfig.reserve_s` for
-  confirming; "slow only" evaluates candidates on the slow tier until the budget is spent. Reported:
+  confirming; "slow only" evaluates candidates on the slow tier until the budget is spent. Each tier's
+  engines start before its first evaluation, timed apart (`startup.json` in the run directory, one entry
+  per call), and each strategy is charged the start of the engines it uses once, as one run pays it: a run
+  split into device calls would otherwise pay it in the first evaluation of every call. Reported:
   candidates each strategy evaluates, their ratio, and the slow-tier speedup of each one's winner.
 
 `--slow-first N` evaluates only the first N candidates on both tiers and the rest on the fast tier:
@@ -44,6 +47,7 @@ Spearman >= 0.8, no miss of the slow tier's best, >= 5x more candidates screened
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import sys
@@ -54,6 +58,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from scipy.stats import spearmanr
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -109,12 +114,35 @@ def _rows_so_far(store: Any, run_id: str, slow_first: int) -> tuple[list[dict[st
     return rows, history
 
 
-def equal_budget(rows: list[dict[str, Any]], budget_s: float, reserve_s: float) -> dict[str, Any]:
-    """Both strategies replayed from the measured wall times, candidates in proposal order. A replay that
-    reaches a candidate with no slow-tier verdict stops there and names it in `needs_slow` (the run then
-    evaluates it and replays again)."""
+STARTUP_FILE = "startup.json"
+"""In the run directory: each call's measured start of each tier's engines (seconds), a list of
+{"device", "fast", "slow"}; the replay charges a strategy the median of its tiers' once."""
+
+
+def startup_figures(run_dir: Path) -> dict[str, float]:
+    """Median start of each tier's engines over the calls so far (0 for a run recorded before they were
+    measured apart from its first evaluations)."""
+    path = run_dir / STARTUP_FILE
+    calls = json.loads(path.read_text()) if path.is_file() else []
+    return {tier: float(np.median([c[tier] for c in calls])) if calls else 0.0 for tier in ("fast", "slow")}
+
+
+def _record_startup(run_dir: Path, device: str, fast_s: float, slow_s: float) -> None:
+    path = run_dir / STARTUP_FILE
+    calls = json.loads(path.read_text()) if path.is_file() else []
+    path.write_text(json.dumps([*calls, {"device": device, "fast": fast_s, "slow": slow_s}], indent=1))
+
+
+def equal_budget(rows: list[dict[str, Any]], budget_s: float, reserve_s: float,
+                 startup: dict[str, float] | None = None) -> dict[str, Any]:
+    """Both strategies replayed from the measured wall times, candidates in proposal order, each charged once
+    the start of the engines it uses (`startup`, seconds per tier), as one `athanor compile` is: fast + slow
+    starts the fast tier's before screening and the slow tier's when it begins confirming, slow only the slow
+    tier's. A replay that reaches a candidate with no slow-tier verdict stops there and names it in
+    `needs_slow` (the run then evaluates it and replays again)."""
+    start = startup or {"fast": 0.0, "slow": 0.0}
     needs: list[str] = []
-    spent, screened, accepted = 0.0, 0, []
+    spent, screened, accepted = start["fast"], 0, []
     for r in rows:  # fast + slow: screen until the reserve, then confirm the best accepted first
         if spent + r["fast_wall_s"] > budget_s - reserve_s:
             break
@@ -123,6 +151,7 @@ def equal_budget(rows: list[dict[str, Any]], budget_s: float, reserve_s: float) 
         if r["fast_forwarded"]:
             accepted.append(r)
     winner, confirmed = None, 0
+    spent += start["slow"] if accepted else 0.0
     for r in sorted(accepted, key=lambda r: r["fast_gpu_s_per_1k"]):
         if not _on_slow(r):
             needs.append(r["candidate_id"])
@@ -134,7 +163,7 @@ def equal_budget(rows: list[dict[str, Any]], budget_s: float, reserve_s: float) 
         if r["slow_accepted"]:
             winner = r
             break
-    slow_spent, slow_done, slow_winner = 0.0, 0, None
+    slow_spent, slow_done, slow_winner = start["slow"], 0, None
     for r in rows:  # slow only
         if not _on_slow(r):
             needs.append(r["candidate_id"])
@@ -146,7 +175,7 @@ def equal_budget(rows: list[dict[str, Any]], budget_s: float, reserve_s: float) 
         if r["slow_accepted"] and (slow_winner is None or r["slow_gpu_s_per_1k"] < slow_winner["slow_gpu_s_per_1k"]):
             slow_winner = r
     return {
-        "budget_s": budget_s, "reserve_s": reserve_s,
+        "budget_s": budget_s, "reserve_s": reserve_s, "startup_s": start,
         "fast_slow": {"screened": screened, "confirmed": confirmed, "wall_s": spent,
                       "winner": winner["candidate_id"] if winner else None,
                       "winner_slow_speedup": winner["slow_speedup"] if winner else None},
@@ -220,7 +249,9 @@ def main() -> int:
     reference = baseline_candidate()
     lock = threading.Lock()  # the agent, the store and the rows are shared by the lanes
     with tempfile.TemporaryDirectory(prefix="athanor-tiers-") as tmp:
-        store = open_store(Path(args.run_dir or tmp))
+        run_dir = Path(args.run_dir or tmp)
+        run_dir.mkdir(parents=True, exist_ok=True)  # a directory: the store's file and startup.json
+        store = open_store(run_dir)
         runs = store.runs(limit=1)
         if args.resume or args.report:
             if not runs:
@@ -246,6 +277,14 @@ def main() -> int:
             lane_config = compile_config(device)
             with Evaluator(lane_config.evaluate_config("fast")) as fast, \
                     Evaluator(lane_config.evaluate_config("slow")) as slow:
+                # Each tier's engines start before its first evaluation and are timed apart: a run pays them
+                # once (the replay charges them so), not once per device call of a run split into several.
+                t0 = time.perf_counter()
+                fast.engines("fast")
+                t1 = time.perf_counter()
+                slow.engines("slow")
+                with lock:
+                    _record_startup(run_dir, device, t1 - t0, time.perf_counter() - t1)
                 while True:
                     with lock:
                         if len(rows) + in_flight >= args.candidates:
@@ -279,10 +318,11 @@ def main() -> int:
 
         def confirm_for_replay() -> None:
             """Evaluate on the slow tier the candidates past --slow-first that the replay confirms."""
-            replay = equal_budget(rows, args.budget, config.reserve_s)
+            replay = equal_budget(rows, args.budget, config.reserve_s, startup_figures(run_dir))
             if not replay["needs_slow"]:
                 return
             with Evaluator(config.evaluate_config("slow")) as slow:
+                slow.engines("slow")  # started outside the evaluations' wall times, as in the lanes
                 while replay["needs_slow"]:
                     cid = replay["needs_slow"][0]
                     cand = store.get_candidate(run.id, cid)
@@ -294,7 +334,7 @@ def main() -> int:
                     fast_record = next(ev for ev in store.evaluations(run.id, candidate_id=cid) if ev.tier == "fast")
                     rows[k] = _row(cid, cand.description, fast_record, record)
                     print(f"confirmed for the replay: {_line(rows[k])}", file=sys.stderr, flush=True)
-                    replay = equal_budget(rows, args.budget, config.reserve_s)
+                    replay = equal_budget(rows, args.budget, config.reserve_s, startup_figures(run_dir))
 
         if not args.report:
             with ThreadPoolExecutor(len(devices)) as pool:
@@ -304,6 +344,7 @@ def main() -> int:
         rows.sort(key=lambda r: order[r["candidate_id"]])  # lanes finish out of order; the replay wants proposals'
         if not args.report and len(rows) >= args.candidates:
             confirm_for_replay()
+        startup = startup_figures(run_dir)
     record = {"benchmark": "tiers", "model": args.model, "device": args.device, "lanes": devices,
               "traffic": args.traffic,
               "fast_layers": config.evaluate_config("fast").fast_layers,
@@ -311,7 +352,8 @@ def main() -> int:
               "call_wall_s": time.perf_counter() - started,  # this call's; a resumed run spans several
               "slow_first": slow_first,
               "evaluations_s": sum(r["fast_wall_s"] + (r["slow_wall_s"] if _on_slow(r) else 0.0) for r in rows),
-              "candidates": rows, **figures(rows), "equal_budget": equal_budget(rows, args.budget, config.reserve_s)}
+              "candidates": rows, **figures(rows),
+              "equal_budget": equal_budget(rows, args.budget, config.reserve_s, startup)}
     path = write(record, Path(args.out) / f"tiers_{args.model}_{args.device}.json")
     eb = record["equal_budget"]
     print(f"\n{len(rows)} candidates, {record['on_both']} on both tiers, {record['timed_on_both']} timed on both"
@@ -321,7 +363,8 @@ def main() -> int:
     print(f"{args.budget:.0f} s: fast+slow screens {eb['fast_slow']['screened']} (winner x"
           f"{eb['fast_slow']['winner_slow_speedup'] or float('nan'):.3f}), slow only evaluates "
           f"{eb['slow_only']['evaluated']} (winner x{eb['slow_only']['winner_slow_speedup'] or float('nan'):.3f}):"
-          f" {eb['screened_ratio']:.1f}x (target >= 5x)")
+          f" {eb['screened_ratio']:.1f}x (target >= 5x); engine start charged once per tier: fast "
+          f"{eb['startup_s']['fast']:.0f} s, slow {eb['startup_s']['slow']:.0f} s")
     return 0
 
 
