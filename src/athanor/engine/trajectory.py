@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import logging
 import random
 import threading
 import time
@@ -50,6 +51,8 @@ from athanor.model import Model, PrefillBatch
 
 if TYPE_CHECKING:
     from athanor.engine.core import Engine, Resident
+
+log = logging.getLogger(__name__)
 
 # Bound at import, before any candidate runs: rebinding the module attributes later changes nothing here.
 _clock = time.perf_counter
@@ -258,6 +261,14 @@ class _Timer:
         return out_logits[:int(x.tokens.shape[0])].clone(), True, _elapsed_ms(start, end) / 1000
 
 
+def _allocator_counts(device: torch.device) -> tuple[int, int]:
+    """(device allocations, allocation retries) of the caching allocator so far; zeros off CUDA."""
+    if device.type != "cuda":
+        return 0, 0
+    stats = torch.cuda.memory_stats(device)
+    return int(stats.get("num_device_alloc", 0)), int(stats.get("num_alloc_retries", 0))
+
+
 def _order(rng: random.Random, residents: list[Resident], last: Resident | None) -> list[int]:
     """A random order of the residents for one step whose first is not the one that ran last: every run
     follows a switch, so no side runs on what its own previous run left warm (unless a request lists
@@ -296,6 +307,7 @@ def run_trajectory(engine: Engine, req: p.TrajectoryRequest) -> p.TrajectoryRepl
     kept: list[list[Tensor]] = [[] for _ in residents]
     used_graph = False
     timer = _Timer(engine)
+    allocs = _allocator_counts(device)
     current = "?"
     gc_was_enabled = gc.isenabled()
     gc.collect()
@@ -328,6 +340,10 @@ def run_trajectory(engine: Engine, req: p.TrajectoryRequest) -> p.TrajectoryRepl
     finally:
         if gc_was_enabled:
             gc.enable()
+    grew = [b - a for a, b in zip(allocs, _allocator_counts(device), strict=True)]
+    if any(grew):  # a cudaMalloc or a flushed cache inside timed steps costs milliseconds and syncs the device
+        log.info("trajectory of %d steps x %d candidates: %d device allocations, %d allocation retries",
+                 num_s, num_c, *grew)
     violations = tuple(engine.watch.take()) if engine.watch else ()
     logits_out = torch.stack([torch.cat(k) for k in kept]) if kept[0] else None
     return p.TrajectoryReply(
