@@ -9,7 +9,11 @@
 source "$(dirname "$0")/_gpu_env.sh"
 cache=$(python3 -c "from athanor.engine.config import EngineConfig; print(EngineConfig(model='').compile_cache_dir())")
 [ -f .compile_cache/compile_cache.tgz ] && mkdir -p "$cache" && tar xzf .compile_cache/compile_cache.tgz -C "$cache"
-for conf in "" "expandable_segments:True"; do
+# The workers' logs live in their supervisors' temporary directories, removed when the engines stop: copy them
+# as the run goes.
+mkdir -p "$OUT/workers"
+(while sleep 2; do for d in /tmp/ath-*; do cp "$d/worker.log" "$OUT/workers/${d#/tmp/}.log" 2>/dev/null; done; done) &
+for conf in ${CONFS:-"" "expandable_segments:True"}; do
   name=${conf:-default}; name=${name%%:*}
   PYTORCH_CUDA_ALLOC_CONF=$conf timeout 200 python3 bench/tiers.py --model llama-3.1-8b --device cuda \
     --dtype bfloat16 --candidates 100 --slow-first 0 --time-limit "${TIME_LIMIT:-45}" \
@@ -17,3 +21,4 @@ for conf in "" "expandable_segments:True"; do
   echo "== $name: rc=$?"
   grep -E "prefill b=|allocation" "$OUT/$name.log" | cut -c12-200 | tail -24
 done
+sleep 3; grep -h "allocation" "$OUT"/workers/*.log | cut -c12-200 | tail -30
