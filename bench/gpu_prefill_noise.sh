@@ -13,8 +13,8 @@ cache=$(python3 -c "from athanor.engine.config import EngineConfig; print(Engine
 # as the run goes.
 mkdir -p "$OUT/workers"
 (while sleep 2; do for d in /tmp/ath-*; do cp "$d/worker.log" "$OUT/workers/${d#/tmp/}.log" 2>/dev/null; done; done) &
-for conf in ${CONFS:-"" "expandable_segments:True"}; do
-  name=${conf:-default}; name=${name%%:*}
+for name in ${CONFS:-default expandable_segments}; do
+  conf=""; [ "$name" = default ] || conf="$name:True"
   PYTORCH_CUDA_ALLOC_CONF=$conf timeout 200 python3 bench/tiers.py --model llama-3.1-8b --device cuda \
     --dtype bfloat16 --candidates 100 --slow-first 0 --time-limit "${TIME_LIMIT:-45}" \
     --run-dir "$OUT/run_$name" --out "$OUT/$name" -v > "$OUT/$name.log" 2>&1
