@@ -56,9 +56,16 @@ def run(build, model, gen, dtype: torch.dtype = torch.float32):
     return outs
 
 
+LAYERS = 2
+"""Layers of the models the candidates run on: two, so that what one layer leaves behind (split-K and epilogue
+tickets, the residual the fused norm carries, the cache's layer index) is read by the next; the presets' third
+and fourth layers would add nothing the second does not, at a third to a half of each test's time under the
+Triton interpreter."""
+
+
 def check(source: str, preset: str | ModelSpec, tmp_path: Path, gen: torch.Generator) -> None:
     spec = PRESETS[preset] if isinstance(preset, str) else preset
-    model = random_model(spec, seed=int(torch.randint(0, 1000, (1,), generator=gen)))
+    model = random_model(spec.with_layers(LAYERS), seed=int(torch.randint(0, 1000, (1,), generator=gen)))
     seed = int(torch.randint(0, 2**31, (1,), generator=gen))
     candidate = load_candidate(source, tmp_path)
     with torch.no_grad():
