@@ -1,0 +1,53 @@
+"""The tier benchmark's equal-budget replay (bench/tiers.py): what each strategy is charged."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parents[3] / "bench"
+
+
+def _tiers() -> Any:
+    sys.path.insert(0, str(BENCH))  # tiers.py imports its sibling _record
+    spec = importlib.util.spec_from_file_location("bench_tiers", BENCH / "tiers.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(i: int, fast_s: float, slow_s: float, accepted: bool = True) -> dict[str, Any]:
+    return {"candidate_id": f"c{i}", "fast_wall_s": fast_s, "fast_forwarded": accepted,
+            "fast_gpu_s_per_1k": 100.0 - i, "slow_stage": "accepted" if accepted else "slow", "slow_wall_s": slow_s,
+            "slow_accepted": accepted, "slow_gpu_s_per_1k": 100.0 - i, "slow_speedup": 1.0 + i / 100}
+
+
+def test_each_strategy_pays_its_engines_start_once() -> None:
+    tiers = _tiers()
+    rows = [_row(i, 10.0, 50.0) for i in range(40)]
+    free = tiers.equal_budget(rows, 480.0, 120.0)
+    assert (free["fast_slow"]["screened"], free["slow_only"]["evaluated"]) == (36, 9)
+    charged = tiers.equal_budget(rows, 480.0, 120.0, {"fast": 25.0, "slow": 40.0})
+    # The fast tier's start comes out of the screen's 360 s; the slow tier's out of the reserve (fast + slow)
+    # and out of the budget (slow only).
+    assert charged["fast_slow"]["screened"] == 33
+    assert charged["fast_slow"]["wall_s"] == 25.0 + 33 * 10.0 + 40.0 + 50.0
+    assert charged["slow_only"]["evaluated"] == 8 and charged["slow_only"]["wall_s"] == 40.0 + 8 * 50.0
+    assert charged["startup_s"] == {"fast": 25.0, "slow": 40.0}
+
+
+def test_the_slow_tier_start_is_charged_only_to_a_screen_that_confirms() -> None:
+    rows = [_row(i, 10.0, 50.0, accepted=False) for i in range(40)]
+    replay = _tiers().equal_budget(rows, 480.0, 120.0, {"fast": 25.0, "slow": 40.0})
+    assert replay["fast_slow"]["confirmed"] == 0 and replay["fast_slow"]["wall_s"] == 25.0 + 33 * 10.0
+
+
+def test_startup_figures_are_the_median_over_calls(tmp_path: Path) -> None:
+    tiers = _tiers()
+    assert tiers.startup_figures(tmp_path) == {"fast": 0.0, "slow": 0.0}  # a run recorded before
+    for fast, slow in ((8.0, 10.0), (11.0, 14.0), (9.0, 12.0)):
+        tiers._record_startup(tmp_path, "cuda", fast, slow)
+    assert tiers.startup_figures(tmp_path) == {"fast": 9.0, "slow": 12.0}
