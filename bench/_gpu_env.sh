@@ -10,3 +10,9 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OUT PIP_NO_INDEX=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/athanor-site .whl/*.whl
 export PYTHONPATH=$PWD/src:/tmp/athanor-site
+# The compiler caches (Triton kernels and autotuning results) where the engines look for them, restored from a
+# carried .compile_cache/compile_cache.tgz (an earlier call's $OUT/compile_cache.tgz) when there is one.
+COMPILE_CACHE=$(python3 -c "from athanor.engine.config import EngineConfig; print(EngineConfig(model='').compile_cache_dir())")
+if [ -f .compile_cache/compile_cache.tgz ]; then
+  mkdir -p "$COMPILE_CACHE" && tar xzf .compile_cache/compile_cache.tgz -C "$COMPILE_CACHE" && echo "compiler caches restored"
+fi

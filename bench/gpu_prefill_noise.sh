@@ -7,8 +7,6 @@
 # every trajectory that made any (athanor.engine.trajectory).
 #   ATHANOR_COMMIT=<hash> bash bench/gpu_prefill_noise.sh   (carry [".whl", ".compile_cache"])
 source "$(dirname "$0")/_gpu_env.sh"
-cache=$(python3 -c "from athanor.engine.config import EngineConfig; print(EngineConfig(model='').compile_cache_dir())")
-[ -f .compile_cache/compile_cache.tgz ] && mkdir -p "$cache" && tar xzf .compile_cache/compile_cache.tgz -C "$cache"
 # The workers' logs live in their supervisors' temporary directories, removed when the engines stop: copy them
 # as the run goes.
 mkdir -p "$OUT/workers"

@@ -16,13 +16,9 @@
 # The engine slots come from athanor.loop.memory (16 for the 8B on an H200).
 source "$(dirname "$0")/_gpu_env.sh"
 mkdir -p "$OUT/tiers_run"
-cache=$(python3 -c "from athanor.engine.config import EngineConfig; print(EngineConfig(model='').compile_cache_dir())")
 flag=""
 if [ -n "${RESUME:-}" ]; then
   cp -r .tiers_run/. "$OUT/tiers_run/" && flag=--resume
-fi
-if [ -f .compile_cache/compile_cache.tgz ]; then
-  mkdir -p "$cache" && tar xzf .compile_cache/compile_cache.tgz -C "$cache" && echo "compiler caches restored"
 fi
 lanes=""
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
@@ -32,6 +28,6 @@ timeout 560 python3 bench/tiers.py --model llama-3.1-8b --device cuda --dtype bf
   --candidates "${CANDIDATES:-50}" --slow-first "${SLOW_FIRST:-30}" \
   --run-dir "$OUT/tiers_run" --time-limit "${TIME_LIMIT:-330}" --out "$OUT" $lanes $flag -v > "$OUT/tiers.log" 2>&1
 echo "tiers rc=$?"
-tar czf "$OUT/compile_cache.tgz" -C "$cache" triton 2>/dev/null && du -h "$OUT/compile_cache.tgz"
+tar czf "$OUT/compile_cache.tgz" -C "$COMPILE_CACHE" triton 2>/dev/null && du -h "$OUT/compile_cache.tgz"
 grep -E "cascade: (correctness|timing|slow|smoke)|supervisor: engine worker" "$OUT/tiers.log" | cut -c12-220 | tail -40
 grep -vE " (athanor|root|triton|torch)[.:a-z_]*: " "$OUT/tiers.log" | tail -60

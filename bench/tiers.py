@@ -119,18 +119,21 @@ STARTUP_FILE = "startup.json"
 {"device", "fast", "slow"}; the replay charges a strategy the median of its tiers' once."""
 
 
+def _startup_calls(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / STARTUP_FILE
+    return json.loads(path.read_text()) if path.is_file() else []
+
+
 def startup_figures(run_dir: Path) -> dict[str, float]:
     """Median start of each tier's engines over the calls so far (0 for a run recorded before they were
     measured apart from its first evaluations)."""
-    path = run_dir / STARTUP_FILE
-    calls = json.loads(path.read_text()) if path.is_file() else []
+    calls = _startup_calls(run_dir)
     return {tier: float(np.median([c[tier] for c in calls])) if calls else 0.0 for tier in ("fast", "slow")}
 
 
 def _record_startup(run_dir: Path, device: str, fast_s: float, slow_s: float) -> None:
-    path = run_dir / STARTUP_FILE
-    calls = json.loads(path.read_text()) if path.is_file() else []
-    path.write_text(json.dumps([*calls, {"device": device, "fast": fast_s, "slow": slow_s}], indent=1))
+    calls = [*_startup_calls(run_dir), {"device": device, "fast": fast_s, "slow": slow_s}]
+    (run_dir / STARTUP_FILE).write_text(json.dumps(calls, indent=1))
 
 
 def equal_budget(rows: list[dict[str, Any]], budget_s: float, reserve_s: float,
@@ -318,7 +321,8 @@ def main() -> int:
 
         def confirm_for_replay() -> None:
             """Evaluate on the slow tier the candidates past --slow-first that the replay confirms."""
-            replay = equal_budget(rows, args.budget, config.reserve_s, startup_figures(run_dir))
+            startup = startup_figures(run_dir)  # the lanes have recorded theirs; confirming adds none
+            replay = equal_budget(rows, args.budget, config.reserve_s, startup)
             if not replay["needs_slow"]:
                 return
             with Evaluator(config.evaluate_config("slow")) as slow:
@@ -334,7 +338,7 @@ def main() -> int:
                     fast_record = next(ev for ev in store.evaluations(run.id, candidate_id=cid) if ev.tier == "fast")
                     rows[k] = _row(cid, cand.description, fast_record, record)
                     print(f"confirmed for the replay: {_line(rows[k])}", file=sys.stderr, flush=True)
-                    replay = equal_budget(rows, args.budget, config.reserve_s, startup_figures(run_dir))
+                    replay = equal_budget(rows, args.budget, config.reserve_s, startup)
 
         if not args.report:
             with ThreadPoolExecutor(len(devices)) as pool:
