@@ -58,6 +58,11 @@ class TierEngines:
 
     def load(self, incumbent: Candidate, candidate: Candidate, timeout_s: float) -> p.SwapReply:
         """Make `incumbent` the engine's incumbent, with its twin, and build `candidate` beside them."""
+        self.prepare(incumbent, timeout_s)
+        return self.candidates.swap(candidate, keep_incumbent=True, timeout_s=timeout_s)
+
+    def prepare(self, incumbent: Candidate, timeout_s: float) -> None:
+        """Make `incumbent` the engine's incumbent with its twin beside it, and no challenger."""
         twin = twin_of(incumbent)
         if self.candidates.incumbent.id != incumbent.id or not self.candidates.is_alive():
             reply = self.candidates.swap(incumbent, timeout_s=timeout_s)
@@ -73,7 +78,6 @@ class TierEngines:
             if reply.status != "ok":
                 raise IncumbentFailed(f"a second instance of the incumbent {incumbent.id} does not build: "
                                       f"{reply.error}")
-        return self.candidates.swap(candidate, keep_incumbent=True, timeout_s=timeout_s)
 
     def unload(self, incumbent: Candidate, candidate: Candidate, tainted: bool) -> None:
         """Drop the challenger; a worker whose weights or namespaces it changed is replaced."""

@@ -71,13 +71,16 @@ MOVES: tuple[Move, ...] = (
          "fused pass over each row's keys and values (2-core CPU, batch 16, ~750 keys: 1.63 vs 2.25 ms a layer); "
          "compiles once per process (seconds).",
          cpu_only=("torch_flex",)),
-    Move("sdpa", (None, "math", "efficient_attention", "cudnn_attention"), None,
-         "Prefill attention's scaled_dot_product_attention backend: None lets torch choose (flash attention "
-         "where it applies, on CPU too); 'math' is the unfused reference kernel (it materialises the scores, "
-         "so it loses on long prompts but can win on many short ones); 'efficient_attention' and "
-         "'cudnn_attention' (CUDA only) are preferred where they apply, with math as the fallback (e.g. for "
-         "masks a backend does not take). Prefill is half of a chat workload's cost.",
-         cuda_only=("efficient_attention", "cudnn_attention")),
+    Move("sdpa", (None, "math", "flash_attention", "efficient_attention", "cudnn_attention"), None,
+         "Prefill attention's scaled_dot_product_attention backend: None takes the reference's (flash, then "
+         "efficient attention, then math); 'cudnn_attention' is torch 2.11's own "
+         "choice on an H200, which builds a host-side plan for every sequence length it has not run (60-90 ms "
+         "per new length for ~2k tokens, more than 6 layers' kernels); "
+         "'math' is the unfused reference kernel (it materialises the scores, so it loses on long prompts but "
+         "can win on many short ones); 'flash_attention', 'efficient_attention' and 'cudnn_attention' (CUDA "
+         "only) are preferred where they apply, with math as the fallback (e.g. for masks a backend does not "
+         "take). Prefill is half of a chat workload's cost.",
+         cuda_only=("flash_attention", "efficient_attention", "cudnn_attention")),
     Move("kv_layout", ("head_major", "token_major"), "head_major",
          "KV cache storage: [slots, heads, seq, D] (the reference's; each head's keys contiguous, best for "
          "split-KV reads) or [slots, seq, heads, D] (a token's heads contiguous: cheaper cache writes, "

@@ -42,7 +42,10 @@ from athanor.kernels import route as route_kernel
 from athanor.kernels import silu_mul as silu_mul_kernel
 from athanor.kernels.onednn import has_onednn, onednn_linear, pack_weight
 from athanor.model import BuildContext, DecodeBatch, Model, PrefillBatch
-from athanor.model.reference import rope_inv_freq  # the oracle's frequencies, Llama-3 scaling included
+from athanor.model.reference import (  # the oracle's frequencies (Llama-3 scaling included) and SDPA backends
+    PREFILL_SDPA,
+    rope_inv_freq,
+)
 
 # --- OPTIONS (rendered by athanor.moves.render) ---
 OPTIONS: dict[str, Any] = {
@@ -78,10 +81,11 @@ def impl(option: str) -> Literal["torch"] | None:
 
 def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
     """Prefill's scaled_dot_product_attention on OPTIONS["sdpa"]'s backend (the math kernel as its fallback),
-    or on torch's choice."""
+    or on the reference's (`PREFILL_SDPA`: flash, then efficient attention; never cuDNN's)."""
     name = OPTIONS["sdpa"]
     if name is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
+        with sdpa_kernel(PREFILL_SDPA):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
     with sdpa_kernel(list(dict.fromkeys([getattr(SDPBackend, str(name).upper()), SDPBackend.MATH]))):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
 
