@@ -142,6 +142,10 @@ class TrajectoryRequest:
     seed: int = 0
     num_projections: int = 8
     poison: bool = True
+    logits_of: tuple[str, ...] = ()
+    """The listed candidates whose kept logits come back, in this order (empty: every one's). Full logits
+    are megabytes a row; the evaluator compares only the challenger's, so the incumbent's two runs send
+    fingerprints alone."""
 
 
 @dataclass(frozen=True)
@@ -235,7 +239,7 @@ class TrajectoryReply:
     times_s: Tensor | None = None  # [C, S] float64, seconds per step and candidate
     fingerprints: Tensor | None = None  # [C, R, P + 4] fp32, R = rows of all steps in order
     tokens: Tensor | None = None  # [C, R] int64 argmax
-    logits: Tensor | None = None  # [C, K, V] fp32, rows of the steps marked keep_logits
+    logits: Tensor | None = None  # [L, K, V] fp32 of the request's logits_of (or all C), steps marked keep_logits
     used_graph: bool = False
     violations: tuple[str, ...] = ()
 

@@ -295,12 +295,16 @@ def run_trajectory(engine: Engine, req: p.TrajectoryRequest) -> p.TrajectoryRepl
                 inputs.append(validate_prefill(run, cfg, vocab, device))
             else:
                 raise BadRequest(f"trajectory: step kind must be decode or prefill, not {step.kind!r}")
+        unknown = [cid for cid in req.logits_of if cid not in req.candidate_ids]
+        if unknown:
+            raise BadRequest(f"trajectory: logits_of names {', '.join(unknown)}, which the request does not list")
     except BadRequest as e:
         return p.TrajectoryReply(status="invalid", error=str(e))
     proj = _projection(vocab, req.num_projections, req.seed, device)
     nexts = [s.next_tokens.to(device) if s.next_tokens is not None else None for s in req.steps]
     order = random.Random(req.seed)
     num_c, num_s = len(residents), len(req.steps)
+    logits_of = [req.candidate_ids.index(cid) for cid in req.logits_of] if req.logits_of else list(range(num_c))
     times = torch.zeros(num_c, num_s, dtype=torch.float64)
     feats: list[list[Tensor]] = [[] for _ in residents]
     argmax: list[list[Tensor]] = [[] for _ in residents]
@@ -327,7 +331,7 @@ def run_trajectory(engine: Engine, req: p.TrajectoryRequest) -> p.TrajectoryRepl
                     f, a = _fingerprint(logits, proj, nexts[s])
                     feats[c].append(f.cpu())
                     argmax[c].append(a.cpu())
-                    if step.keep_logits:
+                    if step.keep_logits and c in logits_of:
                         kept[c].append(logits.float().cpu().clone())  # a copy: the original is poisoned below
                     if req.poison and not graph:
                         logits.fill_(float("nan"))  # a candidate that hands back the same buffer unwritten shows NaN
@@ -345,7 +349,7 @@ def run_trajectory(engine: Engine, req: p.TrajectoryRequest) -> p.TrajectoryRepl
         log.info("trajectory of %d steps x %d candidates: %d device allocations, %d allocation retries",
                  num_s, num_c, *grew)
     violations = tuple(engine.watch.take()) if engine.watch else ()
-    logits_out = torch.stack([torch.cat(k) for k in kept]) if kept[0] else None
+    logits_out = torch.stack([torch.cat(kept[c]) for c in logits_of]) if kept[logits_of[0]] else None
     return p.TrajectoryReply(
         status="violation" if violations else "ok",
         error="the candidate tried to leave its sandbox: " + "; ".join(violations) if violations else "",

@@ -134,7 +134,7 @@ class Evaluator:
                 todo.append(scripts.prefill_script(text, shape, 4, cfg.warmup, cfg.max_seqs))
         t0 = time.perf_counter()
         for script in todo:
-            engines.run((incumbent.id, twin_of(incumbent).id), script, seed, timeout_s)
+            engines.run((incumbent.id, twin_of(incumbent).id), script, seed, timeout_s, logits_of=(incumbent.id,))
             engines.run_reference(script, seed, timeout_s)
         log.info("engines of %d layers warmed in %.2f s (%d scripts)", engines.num_layers, time.perf_counter() - t0,
                  len(todo))
@@ -239,7 +239,7 @@ class Evaluator:
                  timeout_s: float, stage: str) -> Comparison | None:
         """Run `script` on the candidate engine and the reference; Rejected unless the candidate matches."""
         t0 = time.perf_counter()
-        reply = engines.run(ids, script, seed, timeout_s)
+        reply = engines.run(ids, script, seed, timeout_s, logits_of=ids[1:2])  # the challenger's: the one compared
         t1 = time.perf_counter()
         if reply.status != "ok":
             raise Rejected(stage, f"{reply.status}: {_first(reply.error)}")
@@ -251,7 +251,7 @@ class Evaluator:
         ref = engines.run_reference(script, seed, timeout_s)
         bound = QUALITY_SLACK * max(self._checked_dev, 1.0) if stage in ("timing", "slow") else float("inf")
         t2 = time.perf_counter()
-        cmp = compare(reply, ref, 1, self.dtype, bitwise=self.config.bitwise, quality=self.config.quality,
+        cmp = compare(reply, ref, 1, self.dtype, logits_index=0, bitwise=self.config.bitwise, quality=self.config.quality,
                       max_fingerprint_dev=bound)
         # Where an evaluation's time goes (a fast tier is worth only what it saves over the slow one):
         # the timed windows are the part that measures; the rest is set-up, checks and transfers.

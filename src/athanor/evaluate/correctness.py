@@ -102,15 +102,17 @@ def _kl(ref: Tensor, cand: Tensor) -> float:
 
 
 def compare(cand: TrajectoryReply, ref: TrajectoryReply, index: int, dtype: torch.dtype, *, bitwise: bool = False,
-            quality: QualityBudget | None = None, max_fingerprint_dev: float = float("inf")) -> Comparison:
+            quality: QualityBudget | None = None, max_fingerprint_dev: float = float("inf"),
+            logits_index: int | None = None) -> Comparison:
     """Candidate `index` of `cand` against the reference's only run in `ref` (same script, same seed).
 
-    `max_fingerprint_dev` bounds the fingerprint deviation in quality mode (from the checked runs)."""
+    `max_fingerprint_dev` bounds the fingerprint deviation in quality mode (from the checked runs);
+    `logits_index` is the candidate's row of `cand.logits` when the request kept fewer (`logits_of`)."""
     assert cand.fingerprints is not None and ref.fingerprints is not None
     assert cand.tokens is not None and ref.tokens is not None
     fc, fr = cand.fingerprints[index].double(), ref.fingerprints[0].double()
     tc, tr = cand.tokens[index], ref.tokens[0]
-    lc = cand.logits[index].double() if cand.logits is not None else None
+    lc = cand.logits[index if logits_index is None else logits_index].double() if cand.logits is not None else None
     lr = ref.logits[0].double() if ref.logits is not None else None
     if fc.shape != fr.shape or tc.shape != tr.shape:
         return Comparison(False, f"the candidate returned {tuple(fc.shape)} rows, the reference {tuple(fr.shape)}")

@@ -88,8 +88,9 @@ class TierEngines:
         if self.candidates.activate(incumbent.id).status == "ok":
             self.candidates.drop(candidate.id)
 
-    def run(self, ids: tuple[str, ...], script: Script, seed: int, timeout_s: float) -> p.TrajectoryReply:
-        return self.candidates.call(p.TrajectoryRequest(ids, script.steps, seed=seed), timeout_s)
+    def run(self, ids: tuple[str, ...], script: Script, seed: int, timeout_s: float,
+            logits_of: tuple[str, ...] = ()) -> p.TrajectoryReply:
+        return self.candidates.call(p.TrajectoryRequest(ids, script.steps, seed=seed, logits_of=logits_of), timeout_s)
 
     def run_reference(self, script: Script, seed: int, timeout_s: float) -> p.TrajectoryReply:
         req = p.TrajectoryRequest((self.reference_candidate.id,), script.steps, seed=seed)

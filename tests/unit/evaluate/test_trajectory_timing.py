@@ -55,3 +55,22 @@ def test_no_graph_to_stage_on_cpu() -> None:
     x = runner._view(2)
     assert runner.stage(x, greedy=True) is None  # eager: timed with its host work, as the candidate's cost
     assert "torch.cuda._sleep" in trajectory._CRITICAL and torch.cuda._sleep is trajectory._device_sleep
+
+
+def test_logits_come_back_only_for_the_candidates_asked() -> None:
+    cfg = EngineConfig(model="tiny-dense", max_seqs=4, max_seq_len=96, buckets=(1, 2, 4), cpu_threads=1)
+    engine = Engine(cfg, load_model("tiny-dense"))
+    assert engine.swap(p.SwapRequest(c.BASE)).status == "ok"
+    assert engine.swap(p.SwapRequest(c.HONEST, keep_incumbent=True)).status == "ok"
+    text = scripts.TextSource(engine.model.spec.vocab_size, seed=0)
+    script = scripts.check_script(text, 4, 96)
+    ids = (c.BASE.id, c.HONEST.id)
+    every = trajectory.run_trajectory(engine, p.TrajectoryRequest(ids, script.steps, seed=1))
+    one = trajectory.run_trajectory(engine, p.TrajectoryRequest(ids, script.steps, seed=1, logits_of=(c.HONEST.id,)))
+    assert every.status == one.status == "ok", (every.error, one.error)
+    assert every.logits is not None and one.logits is not None
+    assert every.logits.shape[0] == 2 and one.logits.shape[0] == 1
+    assert torch.allclose(one.logits[0], every.logits[1])  # the challenger's rows, the same outputs
+    assert one.fingerprints is not None and one.fingerprints.shape[0] == 2  # fingerprints of every run still
+    bad = trajectory.run_trajectory(engine, p.TrajectoryRequest(ids, script.steps, seed=1, logits_of=("nobody",)))
+    assert bad.status == "invalid" and "logits_of" in bad.error
