@@ -13,7 +13,8 @@
 # A first call may carry .compile_cache too (an earlier run's): it then starts as a continuous compiler's
 # later runs do, with the kernels compiled and tuned. Each tier's engines start before the candidates and
 # are timed apart (startup.json in the run directory); the replay charges them once.
-# The engine slots come from athanor.loop.memory (16 for the 8B on an H200).
+# The engine slots come from athanor.loop.memory (16 for the 8B on an H200). A call that reaches CANDIDATES goes on
+# to confirm on the slow tier what the replay needs (~1 min each, after the slow engines' ~35 s start): leave room.
 source "$(dirname "$0")/_gpu_env.sh"
 mkdir -p "$OUT/tiers_run"
 flag=""
