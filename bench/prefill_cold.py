@@ -3,7 +3,9 @@
 The tier benchmark's eager prefill read an incumbent run-to-run spread of up to 200% early in each device call
 and ~1-3% late in it. The prefill scripts jitter each step's length (1536-2048 tokens), so early steps run
 lengths the process has not seen; this times a first (cold) run of a length against the second and third
-(warm) runs, with the SDPA backend as chosen and forced to flash attention, and names the kernels of a cold run.
+(warm) runs, with torch's own SDPA choice and forced to flash attention, and names the kernels of a cold run.
+The reference's prefill now restricts SDPA itself (`athanor.model.reference.PREFILL_SDPA`, after this script's
+first run at e173720); the script calls the layers under it (`ReferenceForward._prefill`) to time torch's choice.
 
     python bench/prefill_cold.py [--model llama-3.1-8b] [--layers 6] [--lengths 10]
 """
@@ -44,7 +46,7 @@ def main() -> int:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t0 = time.perf_counter()
         start.record()
-        fwd.prefill(batch)
+        fwd._prefill(batch)  # without the reference's own backend choice (see the module docstring)
         host = time.perf_counter() - t0
         end.record()
         torch.cuda.synchronize()

@@ -331,8 +331,11 @@ def run_trajectory(engine: Engine, req: p.TrajectoryRequest) -> p.TrajectoryRepl
                     f, a = _fingerprint(logits, proj, nexts[s])
                     feats[c].append(f.cpu())
                     argmax[c].append(a.cpu())
-                    if step.keep_logits and c in logits_of:
-                        kept[c].append(logits.float().cpu().clone())  # a copy: the original is poisoned below
+                    if step.keep_logits:  # a copy (the original is poisoned below); every run makes it, so that
+                        # none starts after a transfer the others do not (only the requested ones are sent)
+                        copy = logits.float().cpu().clone()
+                        if c in logits_of:
+                            kept[c].append(copy)
                     if req.poison and not graph:
                         logits.fill_(float("nan"))  # a candidate that hands back the same buffer unwritten shows NaN
     except Exception as e:

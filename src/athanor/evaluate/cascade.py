@@ -107,7 +107,11 @@ class Evaluator:
             engines = TierEngines(self.config, self.num_layers(tier))
             engines.start()
             if self.config.device.startswith("cuda"):
-                self.warm(engines)
+                try:
+                    self.warm(engines)
+                except BaseException:  # a broken incumbent or reference: stop the workers just started
+                    engines.close()
+                    raise
             self._engines[tier] = engines
         return self._engines[tier]
 
@@ -133,11 +137,16 @@ class Evaluator:
             else:
                 todo.append(scripts.prefill_script(text, shape, 4, cfg.warmup, cfg.max_seqs))
         t0 = time.perf_counter()
+        failed = []
         for script in todo:
-            engines.run((incumbent.id, twin_of(incumbent).id), script, seed, timeout_s, logits_of=(incumbent.id,))
+            reply = engines.run((incumbent.id, twin_of(incumbent).id), script, seed, timeout_s,
+                                logits_of=(incumbent.id,))
+            if reply.status != "ok":  # the first evaluation meets it again and says so in its verdict
+                failed.append(f"{reply.status}: {_first(reply.error)}")
             engines.run_reference(script, seed, timeout_s)
-        log.info("engines of %d layers warmed in %.2f s (%d scripts)", engines.num_layers, time.perf_counter() - t0,
-                 len(todo))
+        log.info("engines of %d layers warmed in %.2f s (%d scripts%s)", engines.num_layers,
+                 time.perf_counter() - t0, len(todo), f"; the incumbent failed {len(failed)}: {failed[0]}"
+                 if failed else "")
 
     def _shapes(self) -> list[obj.StepShape]:
         """The shapes the timing stage times: those carrying most of the workload's cost, clipped to the engine."""
@@ -243,6 +252,9 @@ class Evaluator:
         t1 = time.perf_counter()
         if reply.status != "ok":
             raise Rejected(stage, f"{reply.status}: {_first(reply.error)}")
+        if reply.logits is not None and reply.logits.shape[0] != 1:  # a worker that ignored logits_of
+            raise Rejected(stage, f"the candidate engine returned the logits of {reply.logits.shape[0]} runs, not the "
+                                  "challenger's alone", status="error")
         if stage == "smoke":  # runs and returns finite [B, vocab] logits; matching is the next stage's
             assert reply.fingerprints is not None
             if not bool(torch.isfinite(reply.fingerprints[1, :, :-2]).all()):

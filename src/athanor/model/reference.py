@@ -23,14 +23,17 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from athanor.model import BuildContext, DecodeBatch, Model, PrefillBatch
 from athanor.model.spec import ModelSpec
 
-PREFILL_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-"""Prefill attention's backends, best first: torch's own order without cuDNN's (which only CUDA has). Left to
+PREFILL_SDPA = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+"""Prefill attention's backends in priority order, without cuDNN's (only CUDA has it). Left to
 choose, torch 2.11 takes cuDNN attention on an H200, which builds an execution plan on the host for every
 sequence length it has not run yet: 60-90 ms per new length for a 6-layer llama-3.1-8b prefill of ~2k tokens
 whose kernels take ~10 ms, against 1-14 ms for flash attention's first run (bench/prefill_cold.py,
 bench/results/prefill-cold/). A server sees new prompt lengths all the time; a baseline that pays a plan per
 length would flatter every candidate that avoids it, and it made the tier benchmark's timings of the
-reference swing by 2-7x with the order of the runs (whichever ran a length first paid its plan)."""
+reference swing by 2-7x with the order of the runs (whichever ran a length first paid its plan). Used as
+`sdpa_kernel(list(PREFILL_SDPA), set_priority=True)`: a tuple, which a candidate sharing the process cannot edit
+in place, and the order set each time, as torch's global priority order is process state a candidate could
+change."""
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -142,7 +145,7 @@ class ReferenceForward:
 
     # -- the seam ---------------------------------------------------------------------------
     def prefill(self, batch: PrefillBatch) -> Tensor:
-        with sdpa_kernel(PREFILL_SDPA):
+        with sdpa_kernel(list(PREFILL_SDPA), set_priority=True):
             return self._prefill(batch)
 
     def _prefill(self, batch: PrefillBatch) -> Tensor:
