@@ -131,11 +131,7 @@ class Evaluator:
         text = scripts.TextSource(self.spec.vocab_size, seed)
         todo = [scripts.smoke_script(text),
                 scripts.check_script(text, cfg.max_seqs, cfg.max_seq_len, max_tokens=cfg.check_tokens)]
-        for shape in self._shapes():
-            if shape.kind == "decode":
-                todo.append(scripts.decode_script(text, shape, 4, cfg.warmup, cfg.max_seq_len))
-            else:
-                todo.append(scripts.prefill_script(text, shape, 4, cfg.warmup, cfg.max_seqs))
+        todo += [self._shape_script(text, shape, 4) for shape in self._shapes()]
         t0 = time.perf_counter()
         failed = []
         for script in todo:
@@ -147,6 +143,13 @@ class Evaluator:
         log.info("engines of %d layers warmed in %.2f s (%d scripts%s)", engines.num_layers,
                  time.perf_counter() - t0, len(todo), f"; the incumbent failed {len(failed)}: {failed[0]}"
                  if failed else "")
+
+    def _shape_script(self, text: scripts.TextSource, shape: obj.StepShape, num_steps: int) -> scripts.Script:
+        """`num_steps` timed steps of `shape` after the configured warm-up steps."""
+        cfg = self.config
+        if shape.kind == "decode":
+            return scripts.decode_script(text, shape, num_steps, cfg.warmup, cfg.max_seq_len)
+        return scripts.prefill_script(text, shape, num_steps, cfg.warmup, cfg.max_seqs)
 
     def _shapes(self) -> list[obj.StepShape]:
         """The shapes the timing stage times: those carrying most of the workload's cost, clipped to the engine."""
@@ -331,10 +334,7 @@ class Evaluator:
         chunks: list[np.ndarray] = []
         want = first
         while want > 0:
-            if shape.kind == "decode":
-                script = scripts.decode_script(text, shape, want, cfg.warmup, cfg.max_seq_len)
-            else:
-                script = scripts.prefill_script(text, shape, want, cfg.warmup, cfg.max_seqs)
+            script = self._shape_script(text, shape, want)
             self._checked(engines, ids, script, seed + 100 * len(chunks), cfg.timeouts.timing_s, stage)
             assert self._last.times_s is not None
             chunks.append(self._last.times_s.numpy()[:, list(script.timed)])

@@ -83,10 +83,8 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> 
     """Prefill's scaled_dot_product_attention on OPTIONS["sdpa"]'s backend (the math kernel as its fallback),
     or on the reference's (`PREFILL_SDPA`: flash, then efficient attention; never cuDNN's)."""
     name = OPTIONS["sdpa"]
-    if name is None:
-        with sdpa_kernel(list(PREFILL_SDPA), set_priority=True):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
-    with sdpa_kernel(list(dict.fromkeys([getattr(SDPBackend, str(name).upper()), SDPBackend.MATH]))):
+    backends = PREFILL_SDPA if name is None else (getattr(SDPBackend, str(name).upper()), SDPBackend.MATH)
+    with sdpa_kernel(list(dict.fromkeys(backends)), set_priority=True):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
 
 
