@@ -154,3 +154,46 @@ def test_lossy_weights_pass_only_within_a_quality_budget(evaluator: Evaluator,
     refused = tight_quality_evaluator.evaluate(c.LOSSY, incumbent=c.SLOWED)
     assert not refused.accepted and refused.stage == "correctness", _show(refused)
     assert "KL divergence" in refused.reason
+
+
+# -- the reference's runs started ahead (on by default on a GPU) -----------------------------------
+def test_reference_runs_ahead_overlap_the_checks_and_never_a_timed_run(ahead_evaluator: Evaluator,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+    import time
+
+    from athanor.engine import protocol as p
+
+    engines = ahead_evaluator.engines("fast")
+    calls: list[tuple[str, str, float, float]] = []  # (engine, request, start, end)
+
+    def recorded(name: str, call):  # type: ignore[no-untyped-def]
+        def wrapper(request, *args, **kwargs):  # type: ignore[no-untyped-def]
+            t0 = time.perf_counter()
+            try:
+                return call(request, *args, **kwargs)
+            finally:
+                kind = type(request).__name__ + ("@ahead" if threading.current_thread().name.startswith(
+                    "reference-ahead") else "")
+                calls.append((name, kind, t0, time.perf_counter()))
+        return wrapper
+
+    monkeypatch.setattr(engines.candidates, "call", recorded("candidates", engines.candidates.call))
+    monkeypatch.setattr(engines.reference, "call", recorded("reference", engines.reference.call))
+    v = ahead_evaluator.evaluate(c.HONEST, incumbent=c.SLOWED)
+    assert v.accepted, _show(v)
+    runs = sorted((t0, t1) for engine, kind, t0, t1 in calls
+                  if engine == "candidates" and kind == p.TrajectoryRequest.__name__)
+    ahead = [(t0, t1) for engine, kind, t0, t1 in calls if engine == "reference" and kind.endswith("@ahead")]
+    shapes = len(ahead_evaluator._shapes())
+    assert len(ahead) == 1 + shapes  # the correctness script and each shape's first round of pairs
+    smoke, check, first_timed = runs[0], runs[1], runs[2]
+    assert min(t0 for t0, _ in ahead) < check[1]  # overlapping the candidate engine's checks
+    assert max(t1 for _, t1 in ahead) <= first_timed[0]  # and all done before the first timed window
+
+
+def test_reference_runs_ahead_are_dropped_with_a_rejected_candidate(ahead_evaluator: Evaluator) -> None:
+    wrong = ahead_evaluator.evaluate(c.WRONG, incumbent=c.BASE)
+    assert not wrong.accepted and wrong.stage == "correctness", _show(wrong)
+    again = ahead_evaluator.evaluate(c.HONEST, incumbent=c.SLOWED)  # nothing of the last one's left queued
+    assert again.accepted, _show(again)
