@@ -27,7 +27,6 @@ from athanor.evaluate.config import EvaluateConfig
 from athanor.evaluate.correctness import QUALITY_SLACK, Comparison, compare
 from athanor.evaluate.engines import IncumbentFailed, ReferenceFailed, TierEngines, twin_of
 from athanor.evaluate.lock import device_lock
-from athanor.evaluate.reference_ahead import ReferenceAhead
 from athanor.evaluate.static_checks import check_source
 from athanor.evaluate.timing import (
     ShapeTimes,
@@ -218,8 +217,6 @@ class Evaluator:
         run.enter("smoke")
         engines = self.engines(tier)
         swap = engines.load(incumbent, candidate, t.swap_s)
-        ahead = ReferenceAhead(engines, cfg.device.startswith("cuda") if cfg.reference_ahead is None
-                               else cfg.reference_ahead)
         tainted = False
         try:
             if swap.status != "ok":
@@ -228,39 +225,30 @@ class Evaluator:
                 raise Rejected("smoke", "the candidate replaced functions of torch, athanor or time: "
                                         + ", ".join(swap.replaced[:5]))
             run.compile_s += swap.build_s + swap.capture_s + swap.first_step_s
-            # Every script this evaluation can know now, built in the order it runs them (they share `text`'s
-            # draws): the correctness script, then each shape's first round of pairs, whose reference runs start
-            # now (on a GPU) and overlap the candidate engine's smoke and correctness runs.
-            smoke = scripts.smoke_script(text)
-            check = ahead.start(scripts.check_script(text, cfg.max_seqs, cfg.max_seq_len, max_tokens=cfg.check_tokens),
-                                seed + 1, t.check_s)
-            for k, shape in enumerate(self._shapes()):
-                ahead.start(self._shape_script(text, shape, self._first_pairs(shape)), self._pairs_seed(seed + 2, k),
-                            t.timing_s)
             ids = (incumbent.id, candidate.id, twin_of(incumbent).id)  # A, B and A' (the floor), three residents
-            self._checked(engines, ids, smoke, seed, t.smoke_s, "smoke", ahead)
+            self._checked(engines, ids, scripts.smoke_script(text), seed, t.smoke_s, "smoke")
             run.enter("correctness")
-            checked = self._checked(engines, ids, check, seed + 1, t.check_s, "correctness", ahead)
+            check = self._checked(engines, ids, scripts.check_script(text, cfg.max_seqs, cfg.max_seq_len,
+                                                                       max_tokens=cfg.check_tokens), seed + 1,
+                                  t.check_s, "correctness")
             run.enter("integrity")
             tainted = self._integrity(engines, "integrity")
-            ahead.settle()  # the timed windows have the device alone
             run.enter("timing" if tier == "fast" else "slow")
-            result = self._time(tier, engines, ids, text, seed + 2, run.stage, ahead)
+            result = self._time(tier, engines, ids, text, seed + 2, run.stage)
             tainted = self._integrity(engines, run.stage)
             from dataclasses import replace
 
-            assert checked is not None
-            return replace(result, max_abs_err=checked.max_abs_err, greedy_agreement=checked.greedy_agreement,
-                           kl=checked.kl, ppl_change=checked.ppl_change)
+            assert check is not None
+            return replace(result, max_abs_err=check.max_abs_err, greedy_agreement=check.greedy_agreement,
+                           kl=check.kl, ppl_change=check.ppl_change)
         except Rejected as r:
             tainted = tainted or r.stage in ("integrity", "timing", "slow")
             raise
         finally:
-            ahead.close()
             engines.unload(incumbent, candidate, tainted or swap.status != "ok" or bool(swap.replaced))
 
     def _checked(self, engines: TierEngines, ids: tuple[str, ...], script: scripts.Script, seed: int,
-                 timeout_s: float, stage: str, ahead: ReferenceAhead) -> Comparison | None:
+                 timeout_s: float, stage: str) -> Comparison | None:
         """Run `script` on the candidate engine and the reference; Rejected unless the candidate matches."""
         t0 = time.perf_counter()
         reply = engines.run(ids, script, seed, timeout_s, logits_of=ids[1:2])  # the challenger's: the one compared
@@ -275,7 +263,7 @@ class Evaluator:
             if not bool(torch.isfinite(reply.fingerprints[1, :, :-2]).all()):
                 raise Rejected(stage, "the outputs hold NaN or infinity")
             return None
-        ref = ahead.reply(script, seed, timeout_s)
+        ref = engines.run_reference(script, seed, timeout_s)
         bound = QUALITY_SLACK * max(self._checked_dev, 1.0) if stage in ("timing", "slow") else float("inf")
         t2 = time.perf_counter()
         cmp = compare(reply, ref, 1, self.dtype, logits_index=0, bitwise=self.config.bitwise, quality=self.config.quality,
@@ -306,14 +294,14 @@ class Evaluator:
         return False
 
     def _time(self, tier: str, engines: TierEngines, ids: tuple[str, ...], text: scripts.TextSource, seed: int,
-              stage: str, ahead: ReferenceAhead) -> TierResult:
+              stage: str) -> TierResult:
         cfg = self.config
         n, full = engines.num_layers, self.spec.num_layers
         shapes = self._shapes()
         pooled: dict[obj.StepShape, np.ndarray] = {}  # [sides, pairs] per shape, over the attempts so far
         for attempt in range(cfg.max_attempts):
             for k, shape in enumerate(shapes):
-                per = self._timed_shape(engines, ids, text, shape, self._pairs_seed(seed, k, attempt), stage, ahead)
+                per = self._timed_shape(engines, ids, text, shape, seed + 7 * k + 1000 * attempt, stage)
                 # Pooled with the pairs of earlier attempts: on a machine that is noisy throughout (a 2-core VM
                 # whose decode step read a cv of 5-10%), discarding them left every attempt as wide as the
                 # first (the demo's slow tier: A/A [0.994, 1.131], then [0.973, 1.103]: no verdict); more
@@ -334,30 +322,20 @@ class Evaluator:
                                       f"physical limit {1e3 * m.floor_s:.3f} ms (bytes / measured bandwidth)")
         return result
 
-    @staticmethod
-    def _pairs_seed(seed: int, k: int, attempt: int = 0) -> int:
-        """The seed of shape k's first round of pairs in an attempt of the timing stage (`seed`: the stage's);
-        its further rounds add 100 each (`_timed_shape`)."""
-        return seed + 7 * k + 1000 * attempt
-
-    def _first_pairs(self, shape: obj.StepShape) -> int:
-        return self.config.decode_pairs if shape.kind == "decode" else self.config.prefill_pairs
-
     def _timed_shape(self, engines: TierEngines, ids: tuple[str, ...], text: scripts.TextSource,
-                     shape: obj.StepShape, seed: int, stage: str, ahead: ReferenceAhead) -> np.ndarray:
+                     shape: obj.StepShape, seed: int, stage: str) -> np.ndarray:
         """Step times [sides, pairs] of `shape` (every run verified): the minimum number of pairs, then
         as many more as the time budget holds at the step time the first ones measured, then, while
         the shape's A/A interval is wider than `precision`, further rounds up to `max_budget_factor`
         times the budget (sequential sampling on the incumbent's runs alone, which the candidate
         cannot steer)."""
         cfg = self.config
-        first = self._first_pairs(shape)
+        first = cfg.decode_pairs if shape.kind == "decode" else cfg.prefill_pairs
         chunks: list[np.ndarray] = []
         want = first
         while want > 0:
-            round_seed = seed + 100 * len(chunks)
-            script = ahead.script(round_seed) or self._shape_script(text, shape, want)
-            self._checked(engines, ids, script, round_seed, cfg.timeouts.timing_s, stage, ahead)
+            script = self._shape_script(text, shape, want)
+            self._checked(engines, ids, script, seed + 100 * len(chunks), cfg.timeouts.timing_s, stage)
             assert self._last.times_s is not None
             chunks.append(self._last.times_s.numpy()[:, list(script.timed)])
             want = self._more_pairs(chunks, first)

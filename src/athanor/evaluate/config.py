@@ -81,9 +81,6 @@ class EvaluateConfig:
     sandbox: bool = True
     seed: int | None = None
     """Seed of the scripts and fingerprints; None: fresh per evaluation, so no candidate can prepare for it."""
-    reference_ahead: bool | None = None
-    """Start the reference's runs of the scripts an evaluation knows in advance while the candidate engine runs
-    its checks (`athanor.evaluate.reference_ahead`); None: on a GPU only (on a CPU the two would share the cores)."""
     timeouts: StageTimeouts = field(default_factory=StageTimeouts)
 
     def tiers(self) -> tuple[str, ...]:

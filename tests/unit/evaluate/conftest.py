@@ -51,9 +51,3 @@ def quality_evaluator() -> Iterator[Evaluator]:
 @pytest.fixture(scope="module")
 def tight_quality_evaluator() -> Iterator[Evaluator]:
     yield from _evaluator(quality=QualityBudget(max_kl=1e-9, max_ppl_increase=0.02))
-
-
-@pytest.fixture(scope="module")
-def ahead_evaluator() -> Iterator[Evaluator]:
-    """The reference's known runs started ahead, as on a GPU (on by default there only)."""
-    yield from _evaluator(reference_ahead=True)

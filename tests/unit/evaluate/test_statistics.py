@@ -176,7 +176,7 @@ def test_a_noisy_machine_gets_more_pairs_not_a_fresh_start() -> None:
     first, second = [attempt() for _ in range(shapes)], [attempt() for _ in range(shapes)]
     served = iter(first + second)
     evaluator._timed_shape = lambda *args: next(served)  # type: ignore[method-assign]
-    pooled = evaluator._time("fast", engines, (), None, 0, "timing", None)  # type: ignore[arg-type]
+    pooled = evaluator._time("fast", engines, (), None, 0, "timing")  # type: ignore[arg-type]
     assert not too_noisy(pooled.noise, 0.10)
     assert next(served, None) is None  # both attempts were timed
     timed = [StepShape(m.kind, m.batch_size, m.tokens, m.context_len) for m in pooled.measurements]
@@ -188,4 +188,4 @@ def test_a_noisy_machine_gets_more_pairs_not_a_fresh_start() -> None:
     once = Evaluator(EvaluateConfig(model="tiny-dense", max_attempts=1))
     once._timed_shape = lambda *args: next(served)  # type: ignore[method-assign]
     with pytest.raises(Rejected, match="too noisy to judge"):
-        once._time("fast", engines, (), None, 0, "timing", None)  # type: ignore[arg-type]
+        once._time("fast", engines, (), None, 0, "timing")  # type: ignore[arg-type]
