@@ -11,7 +11,6 @@ Three ways to run the routed experts (`moe_experts(..., backend=)`):
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -211,29 +210,6 @@ MAX_EXPERT_GEMV_TOKENS = 8
 on its own, so beyond a few tokens grouping pairs by expert (`moe_experts`) reads less."""
 
 
-EXPERT_SUM_ONE_PROGRAM = os.environ.get("ATHANOR_EXPERT_SUM", "one") != "split"
-"""The down projection of `expert_gemv` (weighted, summed): one program per strip and token that streams the
-token's experts in turn (`expert_sum_kernel`, the default), or, with ATHANOR_EXPERT_SUM=split (A/B runs), one per
-strip and pair, the last of a token's handing the sum on by a ticket (`expert_gemv_kernel` under SUM)."""
-
-
-def _expert_sum(gate: Tensor, up: Tensor, w: Tensor, ids: Tensor, topk_weights: Tensor, residual: Tensor | None,
-                settled: bool) -> Tensor:
-    from athanor.kernels.jit.fused_gemv import expert_sum_kernel, expert_sum_tuned
-
-    t, k = ids.shape
-    n, kk = w.shape[1], w.shape[2]
-    y = torch.empty((t, n), dtype=gate.dtype, device=gate.device)
-    args = (gate, up, w, ids, topk_weights.contiguous(), residual if residual is not None else y, y, n, kk,
-            gate.stride(0), w.stride(0), w.stride(1), residual.stride(0) if residual is not None else 0, y.stride(0))
-    flags = {"RESIDUAL": residual is not None, "TOP_K": k, "TOP_K_P2": next_pow2(k), "SETTLED": settled, **pdl(gate)}
-    if interpreting():
-        expert_sum_kernel[(cdiv(n, 16), t)](*args, **flags, BLOCK_N=16, BLOCK_K=32)
-    else:
-        expert_sum_tuned[lambda meta: (cdiv(n, meta["BLOCK_N"]), t)](*args, **flags)
-    return y
-
-
 def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor, *, w2: Tensor | None = None, up: Tensor | None = None,
                 norm_weight: Tensor | None = None, eps: float = 0.0, topk_weights: Tensor | None = None,
                 residual: Tensor | None = None, settled: bool = False, impl: Impl = None) -> Tensor:
@@ -277,8 +253,6 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor, *, w2: Tensor | None = N
     assert w.stride(2) == 1 and x.stride(1) == 1 and (w2 is None or w2.stride(2) == 1)
     assert up is None or up.stride() == x.stride(), "gate and up rows share a stride (halves of one output)"
     ids = topk_ids.contiguous()
-    if topk_weights is not None and up is not None and w2 is None and EXPERT_SUM_ONE_PROGRAM:
-        return _expert_sum(x, up, w, ids, topk_weights, residual, settled)
     if topk_weights is not None:
         y = torch.empty((t, n), dtype=x.dtype, device=x.device)
         workspace = torch.empty(t * k * (n + 64), dtype=torch.float32, device=x.device)

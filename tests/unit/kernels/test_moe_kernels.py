@@ -5,16 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from athanor.kernels import (
-    HAS_TRITON,
-    expert_gemv,
-    group_by_expert,
-    grouped_mm,
-    moe,
-    moe_experts,
-    rms_norm,
-    route,
-)
+from athanor.kernels import HAS_TRITON, expert_gemv, group_by_expert, grouped_mm, moe_experts, rms_norm, route
 from athanor.model import reference
 
 triton_only = pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
@@ -91,7 +82,7 @@ def test_moe_experts_backends_match_the_reference_loop(gen, backend, fused, num_
 
 @triton_only
 @pytest.mark.parametrize("tokens", [1, 2])
-def test_expert_gemv_matches_its_torch_composition(gen, tokens, monkeypatch):
+def test_expert_gemv_matches_its_torch_composition(gen, tokens):
     """Gate and up of each token's experts in one launch (ids read on the device), then the down
     projections weighted, summed and added to the residual: Triton against the PyTorch composition."""
     e, k, h, i = 6, 3, 80, 40
@@ -109,12 +100,6 @@ def test_expert_gemv_matches_its_torch_composition(gen, tokens, monkeypatch):
         outs.append(expert_gemv(gate_up[:, :i], w_down, ids, up=gate_up[:, i:], topk_weights=weights,
                                 residual=residual, impl=impl))
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
-    both = []
-    for one in (True, False):  # the two down kernels: the same fp32 sums in the same order, bit for bit
-        monkeypatch.setattr(moe, "EXPERT_SUM_ONE_PROGRAM", one)
-        both.append(expert_gemv(gate_up[:, :i], w_down, ids, up=gate_up[:, i:], topk_weights=weights,
-                                residual=residual, impl="triton"))
-    assert torch.equal(both[0], both[1])
     loop = moe_experts(x, (w_gate, w_up), w_down, ids, weights, backend="loop")  # the reference's loop
     torch.testing.assert_close(outs[1], loop + residual, rtol=1e-4, atol=1e-4)
     nw = torch.randn(h, generator=gen)

@@ -291,60 +291,6 @@ def expert_gemv_kernel(
         tl.store(Y + pair * y_s0 + out_col[None, :], acc.to(Y.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def expert_sum_kernel(
-    X, X2, W, IDS, TOPW, R, Y,
-    N, K, x_s0, w_se, w_sn, r_s0, y_s0,
-    RESIDUAL: tl.constexpr, TOP_K: tl.constexpr, TOP_K_P2: tl.constexpr, SETTLED: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-):
-    """The down projection of a few tokens' routed experts, weighted and summed: grid (strips of N, tokens).
-
-    Program (s, t) streams strip s of each of token t's TOP_K experts in turn (one loop over experts x K-chunks,
-    the ids and routing weights read once as vectors, so no weight address waits on a load inside the loop),
-    its input for expert j being silu(X[t * TOP_K + j]) * X2[same row], rounded like `silu_mul`. Each expert's
-    sum is kept in fp32 and added, times its weight TOPW, to the token's in expert order, then rounded once and
-    written to Y[t] (plus R[t] under RESIDUAL): the values of `expert_gemv_kernel` under SUM, whose TOP_K
-    programs per strip hand their partials to the last through a workspace and a ticket; here one program does
-    the strip, with nothing to hand over. PDL and SETTLED as in `expert_gemv_kernel`."""
-    if PDL and not SETTLED:
-        tl.extra.cuda.gdc_wait()
-    pid_n = tl.program_id(0)
-    token = tl.program_id(1)
-    col = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = col < N
-    rk = tl.arange(0, BLOCK_K)
-    rj = tl.arange(0, TOP_K_P2)
-    ids = tl.load(IDS + token * TOP_K + rj, mask=rj < TOP_K, other=0, cache_modifier=".cg").to(tl.int64)
-    topw = tl.load(TOPW + token * TOP_K + rj, mask=rj < TOP_K, other=0.0, cache_modifier=".cg")
-    cols = col[:, None].to(tl.int64) * w_sn
-    first = tl.sum(tl.where(rj == 0, ids, 0), axis=0)
-    w_first = tl.load(W + first * w_se + cols + rk[None, :], mask=n_mask[:, None] & (rk < K)[None, :], other=0.0)
-    if PDL:
-        if SETTLED:
-            tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    rm = tl.arange(0, 1)
-    rstd = tl.zeros([1], tl.float32)
-    rows = X + token * TOP_K * x_s0
-    rows2 = X2 + token * TOP_K * x_s0
-    acc = _tile(tl.zeros([1, BLOCK_N], tl.float32), w_first, rk, K, rows, rows2, X, 1, 0, 0, rstd, rm, False, True, 1)
-    out = tl.zeros([1, BLOCK_N], tl.float32)
-    chunks = tl.cdiv(K, BLOCK_K)
-    for it in range(1, TOP_K * chunks):
-        j = it // chunks
-        k0 = (it - j * chunks) * BLOCK_K
-        new = k0 == 0  # the first chunk of expert j: expert j - 1's sum is complete
-        out = tl.where(new, out + acc * tl.sum(tl.where(rj == j - 1, topw, 0.0), axis=0), out)
-        acc = tl.where(new, 0.0, acc)
-        e = tl.sum(tl.where(rj == j, ids, 0), axis=0)
-        ks = k0 + rk
-        w = tl.load(W + e * w_se + cols + ks[None, :], mask=n_mask[:, None] & (ks < K)[None, :], other=0.0)
-        acc = _tile(acc, w, ks, K, rows + j * x_s0, rows2 + j * x_s0, X, 1, 0, 0, rstd, rm, False, True, 1)
-    out += acc * tl.sum(tl.where(rj == TOP_K - 1, topw, 0.0), axis=0)
-    _epilogue(out, Y, R + token * r_s0, Y + token * y_s0, rm, col, n_mask, n_mask[None, :], 0, 0, False, RESIDUAL)
-
-
 def _expert_configs() -> list[triton.Config]:
     shapes = [(8, 512, 4, 3), (16, 256, 4, 3), (16, 512, 4, 3), (32, 256, 4, 3), (32, 512, 4, 2), (64, 128, 4, 3)]
     return [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=warps, num_stages=stages)
@@ -355,17 +301,3 @@ expert_gemv_tuned = triton.autotune(configs=_expert_configs(),
                                     key=["N", "N2", "K", "SHARED", "NORM", "SILU", "SUM", "TOP_K", "SETTLED", "PDL"])(
     expert_gemv_kernel)
 """`expert_gemv_kernel` with blocks chosen per shape on the GPU."""
-
-
-def _expert_sum_configs() -> list[triton.Config]:
-    """Fewer programs than `expert_gemv_kernel`'s at a shape (one per strip and token, not per pair), each
-    streaming TOP_K strips: narrow strips keep more SMs busy."""
-    shapes = [(4, 256, 4, 3), (4, 512, 4, 2), (8, 128, 4, 4), (8, 256, 4, 3), (8, 512, 4, 2), (16, 128, 4, 4),
-              (16, 256, 4, 3), (32, 128, 4, 3)]
-    return [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=warps, num_stages=stages)
-            for n, k, warps, stages in shapes]
-
-
-expert_sum_tuned = triton.autotune(configs=_expert_sum_configs(),
-                                   key=["N", "K", "RESIDUAL", "TOP_K", "SETTLED", "PDL"])(expert_sum_kernel)
-"""`expert_sum_kernel` with blocks chosen per shape on the GPU."""
