@@ -108,7 +108,12 @@ def _routing(args: argparse.Namespace) -> int:
         profile = load_sglang_dump(args.file, args.top_k)
     else:
         profile = load_selection_table(args.file, args.top_k, where)
-    Path(args.output).write_text(json.dumps(profile.to_dict()))
+    out = Path(args.output)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(profile.to_dict()))
+    except OSError as e:
+        raise ConfigError(f"-o {out}: cannot write the profile ({e.strerror})") from None
     hottest = max(max(layer) for layer in profile.load) * profile.num_experts
     print(f"{profile.source}: {profile.num_layers} layers x {profile.num_experts} experts, top-{profile.top_k}; "
           f"hottest expert {hottest:.1f}x its even share; wrote {args.output}")

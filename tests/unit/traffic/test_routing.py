@@ -145,7 +145,7 @@ def test_routing_cli_writes_a_replayable_profile_and_refuses_bad_input(tmp_path)
     ids = np.stack([np.stack([np.random.default_rng(t * 5 + i).choice(8, 2, replace=False) for i in range(3)])
                     for t in range(40)])  # [tokens, layers, top_k]
     np.save(tmp_path / "routed.npy", ids)
-    out = tmp_path / "profile.json"
+    out = tmp_path / "new" / "profile.json"  # its folder made as needed
     done = athanor(str(tmp_path / "routed.npy"), "--num-experts", "8", "-o", str(out))
     assert done.returncode == 0, done.stderr
     profile = RoutingProfile.from_dict(json.loads(out.read_text()))
