@@ -242,6 +242,7 @@ class TrajectoryReply:
     logits: Tensor | None = None  # [L, K, V] fp32 of the request's logits_of (or all C), steps marked keep_logits
     used_graph: bool = False
     violations: tuple[str, ...] = ()
+    host_s: tuple[tuple[str, float], ...] = ()  # where the worker's wall went: (phase, seconds), see run_trajectory
 
 
 @dataclass(frozen=True)

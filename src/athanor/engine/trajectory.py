@@ -281,6 +281,7 @@ def _order(rng: random.Random, residents: list[Resident], last: Resident | None)
 
 
 def run_trajectory(engine: Engine, req: p.TrajectoryRequest) -> p.TrajectoryReply:
+    t_start = _clock()
     try:
         residents = [engine._resident(cid) for cid in req.candidate_ids]
         if not residents or not req.steps:
@@ -300,6 +301,11 @@ def run_trajectory(engine: Engine, req: p.TrajectoryRequest) -> p.TrajectoryRepl
             raise BadRequest(f"trajectory: logits_of names {', '.join(unknown)}, which the request does not list")
     except BadRequest as e:
         return p.TrajectoryReply(status="invalid", error=str(e))
+    # Where the worker's wall goes besides the timed windows (logged by the evaluator: an evaluation's set-up and
+    # checks are what a fast tier must keep small): inputs to the device, each run's window with its syncs and
+    # staging, fingerprints read back, kept logits copied.
+    spent = dict.fromkeys(("inputs", "windows", "fingerprints", "logits"), 0.0)
+    spent["inputs"] = _clock() - t_start
     proj = _projection(vocab, req.num_projections, req.seed, device)
     nexts = [s.next_tokens.to(device) if s.next_tokens is not None else None for s in req.steps]
     order = random.Random(req.seed)
@@ -325,17 +331,23 @@ def run_trajectory(engine: Engine, req: p.TrajectoryRequest) -> p.TrajectoryRepl
                     current = resident.candidate.id
                     if req.poison:
                         _poison(resident)
+                    t0 = _clock()
                     logits, graph, seconds = timer.run(resident, x, step.kind)
+                    t1 = _clock()
                     times[c, s] = seconds
                     used_graph |= graph
                     f, a = _fingerprint(logits, proj, nexts[s])
                     feats[c].append(f.cpu())
                     argmax[c].append(a.cpu())
+                    t2 = _clock()
                     if step.keep_logits:  # a copy (the original is poisoned below); every run makes it, so that
                         # none starts after a transfer the others do not (only the requested ones are sent)
                         copy = logits.float().cpu().clone()
                         if c in logits_of:
                             kept[c].append(copy)
+                    spent["windows"] += t1 - t0
+                    spent["fingerprints"] += t2 - t1
+                    spent["logits"] += _clock() - t2
                     if req.poison and not graph:
                         logits.fill_(float("nan"))  # a candidate that hands back the same buffer unwritten shows NaN
     except Exception as e:
@@ -353,9 +365,10 @@ def run_trajectory(engine: Engine, req: p.TrajectoryRequest) -> p.TrajectoryRepl
                  num_s, num_c, *grew)
     violations = tuple(engine.watch.take()) if engine.watch else ()
     logits_out = torch.stack([torch.cat(kept[c]) for c in logits_of]) if kept[logits_of[0]] else None
+    spent["total"] = _clock() - t_start
     return p.TrajectoryReply(
         status="violation" if violations else "ok",
         error="the candidate tried to leave its sandbox: " + "; ".join(violations) if violations else "",
         times_s=times, fingerprints=torch.stack([torch.cat(f) for f in feats]),
         tokens=torch.stack([torch.cat(a) for a in argmax]), logits=logits_out, used_graph=used_graph,
-        violations=violations)
+        violations=violations, host_s=tuple(spent.items()))

@@ -271,8 +271,9 @@ class Evaluator:
         # Where an evaluation's time goes (a fast tier is worth only what it saves over the slow one):
         # the timed windows are the part that measures; the rest is set-up, checks and transfers.
         timed_s = float(reply.times_s.sum()) if reply.times_s is not None else 0.0
-        log.info("%s: %d steps; candidate engine %.2f s (timed %.2f s), reference %.2f s, compare %.2f s",
-                 stage, len(script.steps), t1 - t0, timed_s, t2 - t1, time.perf_counter() - t2)
+        worker = ", ".join(f"{name} {seconds:.2f}" for name, seconds in reply.host_s)
+        log.info("%s: %d steps; candidate engine %.2f s (timed %.2f s; worker: %s), reference %.2f s, compare %.2f s",
+                 stage, len(script.steps), t1 - t0, timed_s, worker or "-", t2 - t1, time.perf_counter() - t2)
         if stage == "correctness":
             self._checked_dev = cmp.fingerprint_dev
         if not cmp.ok:

@@ -72,5 +72,9 @@ def test_logits_come_back_only_for_the_candidates_asked() -> None:
     assert every.logits.shape[0] == 2 and one.logits.shape[0] == 1
     assert torch.allclose(one.logits[0], every.logits[1])  # the challenger's rows, the same outputs
     assert one.fingerprints is not None and one.fingerprints.shape[0] == 2  # fingerprints of every run still
+    spent = dict(one.host_s)  # the worker's account of its wall, sent over the protocol as pairs
+    assert set(spent) == {"inputs", "windows", "fingerprints", "logits", "total"}
+    assert spent["total"] >= spent["windows"] >= float(one.times_s.sum()) > 0 and spent["logits"] > 0
+    assert p.decode(p.encode(one, 1))[1].host_s == one.host_s
     bad = trajectory.run_trajectory(engine, p.TrajectoryRequest(ids, script.steps, seed=1, logits_of=("nobody",)))
     assert bad.status == "invalid" and "logits_of" in bad.error
