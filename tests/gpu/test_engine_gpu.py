@@ -43,8 +43,10 @@ def test_captured_decode_equals_eager(dtype: torch.dtype) -> None:
             runner.capture()
         forward.prefill(make_prefill_batch(prompts, list(range(5)), device=device))
         step = []
-        for k in range(3):  # 5 rows pad to the bucket of 8; sampling is inside the graph
-            tokens, logits, used = runner.step(_rows(5, 4 + k, device, temperature=0.8))
+        # 5 rows pad to the bucket of 8; sampling is inside the graph. Greedy steps stage only what the argmax
+        # graph reads, so the sampling steps between them must find their own fields staged, padding included.
+        for k, (rows, temperature) in enumerate([(5, 0.8), (5, 0.0), (3, 0.7), (5, 0.0), (5, 0.9)]):
+            tokens, logits, used = runner.step(_rows(rows, 4 + k, device, temperature), greedy=temperature == 0.0)
             assert used == use_graph
             step.append((tokens, logits.float()))
         outs.append(step)

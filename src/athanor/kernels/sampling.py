@@ -3,8 +3,9 @@
 Both are static-shape and sync-free, so they can sit inside a captured decode step. Top-k/top-p
 draws with the engine's counter-based noise (`athanor.model.sampling.uniform_noise`), so with
 top_k = vocab it picks exactly what `athanor.model.sampling.sample` picks; with a small top_k it
-sorts k values instead of the whole vocabulary. Today the engine owns sampling (DESIGN.md), so
-these are for the engine and serving paths to adopt, not a candidate option.
+sorts k values instead of the whole vocabulary. The engine owns sampling (DESIGN.md), so these are
+engine and serving paths, not a candidate option: its argmax graph takes `greedy` on a GPU
+(`athanor.engine.graphs`); top-k/top-p is not adopted yet.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from athanor.kernels.dispatch import Impl, use_triton
+from athanor.kernels.dispatch import Impl, cdiv, interpreting, next_pow2, tickets, use_triton
 from athanor.model.sampling import uniform_noise
 
 
@@ -24,9 +25,18 @@ def greedy(logits: Tensor, impl: Impl = None) -> Tensor:
 
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
-    if logits.shape[0]:
-        argmax_kernel[(logits.shape[0],)](logits, out, logits.stride(0), logits.shape[1], BLOCK=1024)
+    rows, vocab = logits.shape
+    out = torch.empty(rows, dtype=torch.long, device=logits.device)
+    if rows == 0:
+        return out
+    assert rows <= 1 << 16, "one ticket per row"
+    block = 256 if interpreting() else 1024
+    chunk = 2 * block
+    parts = cdiv(vocab, chunk)
+    values = torch.empty(rows * parts, dtype=torch.float32, device=logits.device)
+    indices = torch.empty(rows * parts, dtype=torch.int32, device=logits.device)
+    argmax_kernel[(rows, parts)](logits, out, values, indices, tickets(logits.device), logits.stride(0), vocab,
+                                 CHUNK=chunk, BLOCK=block, PARTS_P2=next_pow2(parts))
     return out
 
 

@@ -45,9 +45,16 @@ def test_linear_uses_cublas_above_sixteen_rows(gen):
 
 @pytest.mark.parametrize("impl", [pytest.param("triton", marks=triton_only), "torch"])
 def test_greedy_is_argmax(gen, impl):
-    logits = torch.randn(3, 2500, generator=gen)
+    logits = torch.randn(6, 2500, generator=gen)  # several chunks a row (512 logits each in the interpreter)
     logits[1, 2499] = 100.0  # the maximum in the last, partial block
+    logits[2, 7] = logits[2, 2000] = 50.0  # a tie across chunks: the first wins
+    logits[3, 600] = logits[3, 601] = 50.0  # a tie inside a chunk, and across lanes of a block
+    logits[4] = 0.0  # all equal: index 0
+    logits[5] = float("-inf")  # nothing finite: index 0, as torch.argmax
     assert torch.equal(greedy(logits, impl=impl), logits.argmax(-1))
+    bf16 = logits[:4].to(torch.bfloat16)  # many equal values
+    assert torch.equal(greedy(bf16, impl=impl), bf16.argmax(-1))
+    assert torch.equal(greedy(logits.t().contiguous().t(), impl=impl), logits.argmax(-1))  # any strides
 
 
 def test_top_k_top_p_with_full_k_is_the_engine_sampler(gen):
