@@ -96,7 +96,10 @@ class CompileConfig:
         cpu = replace(base, max_decode_shapes=1, check_tokens=2048, timing_budget_s=0.5, warmup=2,
                       max_seq_len=min(base.max_seq_len, 768))
         if tier == "slow":
-            return replace(cpu, decode_pairs=10, prefill_pairs=4, warmup=1)
+            # A third pooled round when the machine is noisy: the confirmation is the run's verdict, and two rounds on
+            # this 2-core VM left an A/A interval of [0.965, 1.101] (wider than ±10% by 0.001: "too noisy to judge",
+            # no winner) in one demo; a round costs ~5 minutes there, and only when the first two were too noisy.
+            return replace(cpu, decode_pairs=10, prefill_pairs=4, warmup=1, max_attempts=3)
         return replace(cpu, decode_pairs=16, prefill_pairs=6)
 
     @property
