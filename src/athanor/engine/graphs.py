@@ -24,9 +24,9 @@ from torch import Tensor
 
 from athanor.errors import CandidateError
 from athanor.kernels.dispatch import HAS_TRITON
-from athanor.kernels.sampling import greedy as triton_greedy
+from athanor.kernels.sampling import greedy as argmax
 from athanor.model import DecodeBatch, Forward
-from athanor.model.sampling import greedy_tokens, sample
+from athanor.model.sampling import sample
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +61,9 @@ def check_logits(logits: object, num_rows: int, vocab_size: int, where: str) -> 
 
 
 def _argmax(logits: Tensor) -> Tensor:
-    """The greedy tokens: one Triton launch on a GPU (`athanor.kernels.sampling.greedy`: ~10 us less a step than
-    PyTorch's reductions at a 128k vocabulary), PyTorch elsewhere (never Triton's CPU interpreter)."""
-    if logits.is_cuda and HAS_TRITON:
-        return triton_greedy(logits, impl="triton")
-    return greedy_tokens(logits)
+    """The greedy tokens: one Triton launch on a GPU (~10 us less a step than PyTorch's reductions at a 128k
+    vocabulary), `torch.argmax` elsewhere (never Triton's CPU interpreter, which tests switch on process-wide)."""
+    return argmax(logits, impl="triton" if logits.is_cuda and HAS_TRITON else "torch")
 
 
 @functools.cache

@@ -33,21 +33,6 @@ def uniform_noise(seeds: Tensor, positions: Tensor, vocab_size: int) -> Tensor:
     return (bits.to(torch.float32) + 0.5) / float(1 << 24)
 
 
-def greedy_tokens(logits: Tensor) -> Tensor:
-    """argmax [B] int64 over logits [B, vocab], first index among equals (as `torch.argmax`).
-
-    A single row's argmax over a 128k vocabulary is one long reduction that PyTorch runs on few
-    blocks (~27 us on an H200); split into chunks, the chunk maxima reduce in parallel (~5 us).
-    """
-    b, v = logits.shape
-    chunk = next((c for c in (1024, 768, 512, 501, 384, 256, 128) if v % c == 0 and v // c >= 16), 0)
-    if chunk == 0 or b > 8:
-        return torch.argmax(logits, dim=-1)
-    values, idx = logits.reshape(b, v // chunk, chunk).max(dim=-1)  # first maximum within each chunk
-    best = torch.argmax(values, dim=-1, keepdim=True)  # the first chunk holding the maximum
-    return (best * chunk + idx.gather(1, best))[:, 0]
-
-
 def sample(logits: Tensor, temperature: Tensor, top_p: Tensor, seeds: Tensor, positions: Tensor) -> Tensor:
     """Next tokens [B] int64 from logits [B, vocab].
 

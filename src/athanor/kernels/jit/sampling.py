@@ -28,9 +28,9 @@ def argmax_kernel(LOGITS, OUT, WS_VAL, WS_IDX, TICKETS, l_s0, V,
     for v0 in tl.static_range(0, CHUNK, BLOCK):
         ids = part * CHUNK + v0 + offs
         x = tl.load(LOGITS + row * l_s0 + ids, mask=ids < V, other=float("-inf")).to(tl.float32)
-        better = (x > best_val) | ((x == best_val) & (ids < best_idx))  # strict, then the earliest index
-        best_idx = tl.where(better & (ids < V), ids, best_idx)
-        best_val = tl.where(better & (ids < V), x, best_val)
+        take = ((x > best_val) | ((x == best_val) & (ids < best_idx))) & (ids < V)  # strict, then the earliest
+        best_idx = tl.where(take, ids, best_idx)
+        best_val = tl.where(take, x, best_val)
     top = tl.max(best_val, axis=0)
     tl.store(WS_VAL + row * parts + part, top)
     tl.store(WS_IDX + row * parts + part, tl.min(tl.where(best_val == top, best_idx, V), axis=0))
