@@ -61,6 +61,10 @@ def decode_attention_split_kernel(
     S_CHUNK: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr, MERGE: tl.constexpr, PDL: tl.constexpr,
     PREFETCH: tl.constexpr, PF_BLOCK: tl.constexpr,
 ):
+    if PREFETCH:  # the O projection's weight into L2 while this kernel and the merge leave HBM idle
+        program = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2) + tl.program_id(2)
+        prefetch_l2(PF, pf_bytes, pf_chunk, program, tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2),
+                    PF_BLOCK)
     if PDL:  # programmatic dependent launch: wait for the kernel that wrote q and the cache
         tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)
@@ -111,11 +115,6 @@ def decode_attention_split_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
-    if PREFETCH:  # the O projection's weight into L2 while the merge leaves HBM idle (after this program's
-        # own loads: issued first, the prefetch queued ahead of them and slowed attention more than it saved)
-        program = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2) + tl.program_id(2)
-        prefetch_l2(PF, pf_bytes, pf_chunk, program, tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2),
-                    PF_BLOCK)
     has_keys = l_i > 0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     if MERGE and NUM_SPLITS == 1:  # nothing to merge: the output directly
