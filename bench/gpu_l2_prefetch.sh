@@ -20,12 +20,6 @@ print(render("fast", {**best_options(PRESETS[sys.argv[1]]), "l2_prefetch": sys.a
       > "/tmp/$m/l2_prefetch_$pf.py"
     cells=$cells,$m:/tmp/$m/l2_prefetch_$pf.py:1:1024
   done
-  if [ $m = llama-3.2-1b ]; then  # the 1B's A/B again (its 13 us to 0.90 ms are within one run's spread)
-    for pf in 0 1; do
-      cp "/tmp/$m/l2_prefetch_$pf.py" "/tmp/$m/l2_prefetch_${pf}_again.py"
-      cells=$cells,$m:/tmp/$m/l2_prefetch_${pf}_again.py:1:1024
-    done
-  fi
 done
 timeout 400 python3 bench/decode_matrix.py --kernels --budget 360 --routing "$routing" --cells "${cells#,}" 2>&1 | tail -3
 python3 bench/kernel_table.py "$OUT" 9
