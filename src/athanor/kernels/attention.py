@@ -61,60 +61,37 @@ def decode_attention_torch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: T
 
 
 def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor,
-                     num_splits: int | None = None, static: bool = False, impl: Impl = None,
-                     prefetch: Tensor | None = None) -> Tensor:
+                     num_splits: int | None = None, static: bool = False, impl: Impl = None) -> Tensor:
     """Attention of one query per sequence over its cached keys. Returns [B, Hq, D] in q's dtype.
 
     q: [B, Hq, D]; k_cache, v_cache: [num_slots, Hkv, max_seq_len, D]; slots, kv_lens: [B] int64
     (every kv_lens[b] >= 1). `num_splits` defaults to `num_kv_splits(...)`; `static` makes the
     PyTorch path sync-free (the Triton path always is). Any strides with a contiguous head_dim work,
     so a token-major cache [num_slots, max_seq_len, Hkv, D] can be passed as a permuted view.
-    `prefetch`: a tensor the next kernels read (the O projection's weight), pulled into L2 by the split
-    programs before they wait for q (`jit.prefetch`; Hopper and later, elsewhere ignored).
     """
     if not use_triton(q, impl):
         return decode_attention_torch(q, k_cache, v_cache, slots, kv_lens, static)
-    return _launch(q, k_cache, v_cache, slots, kv_lens, num_splits, None, prefetch)
+    return _launch(q, k_cache, v_cache, slots, kv_lens, num_splits, None)
 
 
 def rope_cache_attention(q: Tensor, k: Tensor, v: Tensor, kv: KVWrite, kv_lens: Tensor, eps: float = 0.0,
-                         num_splits: int | None = None, static: bool = False, impl: Impl = None,
-                         prefetch: Tensor | None = None) -> Tensor:
+                         num_splits: int | None = None, static: bool = False, impl: Impl = None) -> Tensor:
     """`rope_and_cache` then `decode_attention`, in one Triton kernel: q and the new k are q/k-normed (with
     `eps`) and rotated in registers, the program whose key slice holds the new position writes k and v into
     `kv`'s caches before reading them, and the last split of each KV head to finish merges the splits.
     Returns [B, Hq, D].
 
     q: [B, Hq, D], k, v: [B, Hkv, D], not rotated (strided views of a fused QKV output are fine); kv_lens:
-    positions + 1. `prefetch`: as `decode_attention`'s.
+    positions + 1.
     """
     if not use_triton(q, impl):
         q = rope_into(q, k, v, kv, eps, impl="torch")
         return decode_attention_torch(q, kv.k_cache, kv.v_cache, kv.slots, kv_lens, static)
-    return _launch(q, kv.k_cache, kv.v_cache, kv.slots, kv_lens, num_splits, (k, v, kv, eps), prefetch)
-
-
-SPLIT_WARPS = 4
-"""Warps of a split program (Triton's default): its threads each issue one prefetch."""
-
-
-def _prefetch_args(t: Tensor | None, q: Tensor, programs: int) -> tuple[Tensor, int, int, bool]:
-    """(bytes, their count, bytes per thread, PREFETCH) for `jit.prefetch.prefetch_l2` over `programs` programs;
-    PREFETCH is off where PDL is (the CPU interpreter runs no PTX; bulk prefetch is Hopper's) or `t` is None."""
-    if t is None or not pdl(q)["PDL"]:
-        return q, 0, 16, False
-    assert t.is_contiguous() and t.data_ptr() % 16 == 0 and t.nbytes % 16 == 0
-    return t.view(-1).view(torch.uint8), t.nbytes, prefetch_chunk(t.nbytes, programs * 32 * SPLIT_WARPS), True
-
-
-def prefetch_chunk(nbytes: int, threads: int) -> int:
-    """Bytes each of `threads` threads prefetches so that together they cover `nbytes`: a multiple of 16 (the
-    bulk prefetch's unit)."""
-    return cdiv(cdiv(nbytes, threads), 16) * 16
+    return _launch(q, kv.k_cache, kv.v_cache, kv.slots, kv_lens, num_splits, (k, v, kv, eps))
 
 
 def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor, num_splits: int | None,
-            new: tuple[Tensor, Tensor, KVWrite, float] | None, prefetch: Tensor | None = None) -> Tensor:
+            new: tuple[Tensor, Tensor, KVWrite, float] | None) -> Tensor:
     """The Triton path: split kernel + merge kernel, or (`new`: the new token's k, v, where they go, the q/k norms'
     eps) the fused kernel with its ticket merge."""
     from athanor.kernels.jit.attention import decode_attention_merge_kernel, decode_attention_split_kernel
@@ -142,16 +119,14 @@ def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens:
     else:
         fused = (q, q, q, q, slots, q, q, 0.0)  # stand-ins: unread without ROPE
         new_strides = (0, 0, 0, 0)
-    pf, pf_bytes, pf_chunk, pf_on = _prefetch_args(prefetch, q, b * hkv * splits)
     decode_attention_split_kernel[(b, hkv, splits)](
-        q, k_cache, v_cache, slots, kv_lens, o_part, lse_part, out, tickets(q.device), *fused, pf, pf_bytes, pf_chunk,
+        q, k_cache, v_cache, slots, kv_lens, o_part, lse_part, out, tickets(q.device), *fused,
         q.stride(0), q.stride(1), *new_strides, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
         out.stride(0), out.stride(1), d**-0.5,
         GROUP=group, NUM_SPLITS=splits, HEAD_DIM=d, BLOCK_G=max(16, next_pow2(group)), BLOCK_N=BLOCK_N,
         BLOCK_H=next_pow2(group), BLOCK_S=next_pow2(splits), S_CHUNK=_merge_chunk(next_pow2(group), splits, d),
-        ROPE=new is not None, QK_NORM=norms, MERGE=new is not None, PREFETCH=pf_on, PF_BLOCK=32 * SPLIT_WARPS,
-        num_warps=SPLIT_WARPS, **pdl(q),
+        ROPE=new is not None, QK_NORM=norms, MERGE=new is not None, **pdl(q),
     )
     if new is None:
         decode_attention_merge_kernel[(b, hq)](

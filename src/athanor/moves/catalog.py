@@ -115,11 +115,6 @@ MOVES: tuple[Move, ...] = (
     Move("graphs", (True, False), True,
          "Declare decode graph-safe so the engine captures it in CUDA graphs per batch bucket (removes launch "
          "overhead, dominant at batch 1). Turn off only to debug; ignored when moe='loop'."),
-    Move("l2_prefetch", (False, True), False, cuda_only=(True,),
-         doc="The Triton split-KV attention's programs ask L2 for the O projection's weight before they wait for "
-             "q (Hopper's bulk L2 prefetch, one instruction a thread): at small batch attention reads a few MB "
-             "and leaves HBM idle for its microseconds, and the O projection then finds its weight in L2. "
-             "Changes no value. Only with attention='triton_split_kv' or 'triton_fused' on a Hopper-class GPU."),
     Move("linear_dtype", (None, "bfloat16"), None, lossy=True,
          doc="Linear layers (every projection, the dense and shared-expert MLPs, the LM head) run on bf16 copies "
              "of their weights made in build(): activations are cast to bf16 and each result back to the model "

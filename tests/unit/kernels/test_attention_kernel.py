@@ -126,34 +126,3 @@ def test_rope_cache_attention_is_rope_and_cache_then_attention(gen, impl, hq, hk
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(k_cache, expected_k, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(v_cache, expected_v)
-
-
-
-@pytest.mark.parametrize("impl", IMPLS)
-def test_a_prefetch_changes_no_value(gen, impl):
-    """`prefetch` is a hint (off on the CPU interpreter, which runs no PTX; on a GPU, tests/gpu)."""
-    q = torch.randn(2, 4, 16, generator=gen)
-    k_cache, v_cache = torch.randn(3, 2, 64, 16, generator=gen), torch.randn(3, 2, 64, 16, generator=gen)
-    slots, kv_lens = torch.tensor([0, 2]), torch.tensor([5, 17])
-    torch.testing.assert_close(
-        decode_attention(q, k_cache, v_cache, slots, kv_lens, impl=impl, prefetch=torch.randn(100, 36)),
-        decode_attention(q, k_cache, v_cache, slots, kv_lens, impl=impl), rtol=0, atol=0)
-
-
-@pytest.mark.parametrize(("nbytes", "programs"), [(2048 * 2048 * 2, 136), (16, 1), (4096 * 2048 * 2 + 48, 17),
-                                                  (128 * 2048 * 2, 400)])
-def test_prefetch_chunks_cover_the_tensor_and_stay_inside_it(nbytes, programs):
-    """What `jit.prefetch.prefetch_l2` asks for, replayed here: each thread's (offset, size), clamped onto the last
-    chunk past the end, lies inside the tensor, is a multiple of 16 bytes, and together they cover every byte."""
-    from athanor.kernels.attention import SPLIT_WARPS, prefetch_chunk
-
-    block = 32 * SPLIT_WARPS
-    chunk = prefetch_chunk(nbytes, programs * block)
-    last = -(-nbytes // chunk) - 1
-    covered = torch.zeros(nbytes // 16, dtype=torch.bool)
-    for index in range(programs * block):
-        offset = min(index, last) * chunk
-        size = min(nbytes - offset, chunk)
-        assert size > 0 and size % 16 == 0 and offset % 16 == 0 and offset + size <= nbytes
-        covered[offset // 16:(offset + size) // 16] = True
-    assert bool(covered.all())

@@ -10,8 +10,6 @@ The splits are merged by their log-sum-exp either by `decode_attention_merge_ker
 (batch, q heads)) or, under MERGE, by the last split program of each (sequence, KV head) to
 finish, found by an atomic ticket as in the split-K GEMVs: one launch instead of two.
 
-Under PREFETCH the programs first ask L2 for a share of a tensor the next kernels read (`jit.prefetch`).
-
 Under ROPE the kernel also does what `rope_and_cache` does before it: it rotates (and under QK_NORM
 RMS-norms) the raw q in registers, and the program whose slice holds the new token's position
 writes the rotated k and the v into the cache before reading its slice. So a decode layer's
@@ -23,7 +21,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from athanor.kernels.jit.prefetch import prefetch_l2
 from athanor.kernels.jit.tickets import last_of_group
 
 
@@ -53,18 +50,13 @@ def rope_rows(ROWS, row_offs, mask, d, cos, sin, NW, eps, QK_NORM: tl.constexpr,
 @triton.jit
 def decode_attention_split_kernel(
     Q, K_CACHE, V_CACHE, SLOTS, KV_LENS, O_PART, LSE_PART, OUT, TICKETS,
-    K_NEW, V_NEW, COS, SIN, POS, QN, KN, eps, PF, pf_bytes, pf_chunk,
+    K_NEW, V_NEW, COS, SIN, POS, QN, KN, eps,
     q_s0, q_s1, kn_s0, kn_s1, vn_s0, vn_s1, c_s0, c_s1, c_s2, o_s0, o_s1, o_s2, l_s0, l_s1, out_s0, out_s1,
     scale,
     GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
     S_CHUNK: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr, MERGE: tl.constexpr, PDL: tl.constexpr,
-    PREFETCH: tl.constexpr, PF_BLOCK: tl.constexpr,
 ):
-    if PREFETCH:  # the O projection's weight into L2 while this kernel and the merge leave HBM idle
-        program = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2) + tl.program_id(2)
-        prefetch_l2(PF, pf_bytes, pf_chunk, program, tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2),
-                    PF_BLOCK)
     if PDL:  # programmatic dependent launch: wait for the kernel that wrote q and the cache
         tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)

@@ -63,7 +63,6 @@ OPTIONS: dict[str, Any] = {
     "compile": None,
     "graphs": True,
     "linear_dtype": None,
-    "l2_prefetch": False,
 }
 # --- end OPTIONS ---
 
@@ -298,7 +297,7 @@ class FastForward:
         kc, vc = self.k_cache[i], self.v_cache[i]
         if OPTIONS["attention"] == "triton_fused":  # RoPE, the q/k norms and the cache write inside attention
             return rope_cache_attention(q, k, v, self._kv_write(i, layer, positions, slots), kv_lens, self.eps,
-                                        static=self.static, impl=impl("attention"), prefetch=self._prefetch(i))
+                                        static=self.static, impl=impl("attention"))
         if OPTIONS["rope"] in ("triton_fused_cache", "triton_qkv_epilogue"):  # the q/k norms inside the same kernel
             q = rope_and_cache(q, k, v, self.cos, self.sin, positions, slots, kc, vc, q_norm=layer.q_norm,
                                k_norm=layer.k_norm, eps=self.eps)
@@ -316,13 +315,7 @@ class FastForward:
             return decode_attention_per_seq(q, kc, vc, slots, kv_lens)
         if OPTIONS["attention"] == "torch_flex":
             return decode_attention_flex(q, kc, vc, slots, kv_lens)
-        return decode_attention(q, kc, vc, slots, kv_lens, static=self.static, impl=impl("attention"),
-                                prefetch=self._prefetch(i))
-
-    def _prefetch(self, i: int) -> Tensor | None:
-        """What the Triton attention of layer i pulls into L2 for the kernels after it (OPTIONS["l2_prefetch"]):
-        the O projection's weight, which it reads next."""
-        return self.layers[i].wo if OPTIONS["l2_prefetch"] else None
+        return decode_attention(q, kc, vc, slots, kv_lens, static=self.static, impl=impl("attention"))
 
     def _attend_fused(self, i: int, layer: Layer, h: Tensor, positions: Tensor, slots: Tensor,
                       kv_lens: Tensor) -> Tensor:
