@@ -9,6 +9,8 @@ import pytest
 
 from athanor.evaluate import Evaluator, Verdict
 
+pytestmark = pytest.mark.timing  # its verdicts rest on measured speed: run alone (see Makefile `test`)
+
 
 def _show(v: Verdict) -> str:
     return f"{v.stage}: {v.reason} speedup={v.speedup}"

@@ -17,6 +17,8 @@ from athanor.evaluate import EvaluateConfig, Evaluator, QualityBudget
 from athanor.loop import CompileConfig, compile_session
 from athanor.store import open_store
 
+pytestmark = pytest.mark.timing  # its verdicts rest on measured speed: run alone (see Makefile `test`)
+
 
 def _config(out: Path, **kw) -> CompileConfig:
     base = dict(model="tiny-dense", traffic="preset:chat", budget_s=40.0, out_dir=out, max_seqs=8, max_seq_len=256)

@@ -23,6 +23,8 @@ from athanor.engine.candidate import Candidate
 from athanor.serve.launch import ServerProcess
 from athanor.traffic import read_columns
 
+pytestmark = pytest.mark.timing  # its verdicts rest on measured speed: run alone (see Makefile `test`)
+
 TRACES = Path(__file__).resolve().parents[3].parent / "shared" / "traces"
 MODEL = "tiny-dense"
 
