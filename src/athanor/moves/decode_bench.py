@@ -195,7 +195,8 @@ def bench_decode(model_name: str, batch: int, context: int, candidate: str = "re
                        temperature=torch.zeros(batch, device=dev), top_p=torch.ones(batch, device=dev), seeds=rows)
         times = _time_steps(lambda: runner.step(x, greedy=True), dev, iters, min_time_s)  # temperature 0
         if kernels and dev.type == "cuda":
-            record.update(kernel_profile(lambda: runner.step(x, greedy=True), dev, step_us=1e6 * times))
+            record.update(kernel_profile(lambda: runner.step(x, greedy=True), dev, step_us=1e6 * times,
+                                         layers=spec.num_layers))
         engine._release(engine.residents.pop(reply.candidate_id))
         engine._cleanup()
     record["status"] = "ok"
@@ -231,9 +232,12 @@ def _time_steps(step: Any, dev: torch.device, iters: int, min_time_s: float) -> 
     return start.elapsed_time(end) / 1000 / n
 
 
-def kernel_profile(step: Any, dev: torch.device, step_us: float, steps: int = 20, top: int = 30) -> dict[str, Any]:
+def kernel_profile(step: Any, dev: torch.device, step_us: float, steps: int = 20, top: int = 30,
+                   layers: int = 0) -> dict[str, Any]:
     """Where one step's time goes on the device: per-kernel microseconds per step (kernels inside
-    CUDA graphs included), their sum, and the rest of `step_us` (gaps between kernels)."""
+    CUDA graphs included), their sum, and the rest of `step_us` (gaps between kernels); and the step's
+    critical path (`critical_path`: each kernel's share of the wall, which sums to the step, where the
+    per-kernel times overlap under programmatic dependent launch)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -250,5 +254,46 @@ def kernel_profile(step: Any, dev: torch.device, step_us: float, steps: int = 20
         rows.append({"name": e.key[:120], "calls_per_step": e.count / steps, "us_per_step": us / steps})
     rows.sort(key=lambda r: -r["us_per_step"])
     total = sum(r["us_per_step"] for r in rows)
+    spans = [(e.name[:120], float(e.time_range.start), float(e.time_range.end)) for e in prof.events()
+             if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start]
     return {"kernels": rows[:top], "kernel_count_per_step": sum(r["calls_per_step"] for r in rows),
-            "kernel_us_per_step": total, "gap_us_per_step": step_us - total}
+            "kernel_us_per_step": total, "gap_us_per_step": step_us - total,
+            **critical_path(spans, steps, layers, top)}
+
+
+def critical_path(spans: list[tuple[str, float, float]], steps: int, layers: int = 0, top: int = 40) -> dict[str, Any]:
+    """Each kernel's share of the wall of `steps` back-to-back steps on one stream, from its (name, start, end)
+    spans (microseconds): a kernel owns the time from the later of its start and the previous kernel's end to
+    its own end, and time with no kernel running is a gap. The shares and gaps sum to the wall, so they say
+    what a kernel costs the step, where its profiled duration also counts the time it waits resident for the
+    kernel before it (programmatic dependent launch).
+
+    A name that runs a multiple of `layers` times a step is split by its place in the layer ("[1/3]": the
+    first of three launches a layer), so a layer's projections, which share one kernel, come apart. Returns
+    {"path": [{name, us_per_step, calls_per_step}], "path_gap_us_per_step", "path_us_per_step"}; nothing when
+    the spans do not split evenly into steps."""
+    if not spans or len(spans) % steps:
+        return {}
+    spans = sorted(spans, key=lambda s: s[1])
+    per_step = len(spans) // steps
+    counts: dict[str, int] = {}
+    for name, _, _ in spans[:per_step]:
+        counts[name] = counts.get(name, 0) + 1
+    own: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    gaps, end = 0.0, spans[0][1]
+    for i, (name, start, stop) in enumerate(spans):
+        if i % per_step == 0:
+            seen: dict[str, int] = {}
+        k = seen.get(name, 0)
+        seen[name] = k + 1
+        per_layer = counts.get(name, 0) // layers if layers and counts.get(name, 0) % layers == 0 else 0
+        label = f"{name}[{k % per_layer + 1}/{per_layer}]" if per_layer > 1 else name
+        gaps += max(0.0, start - end)
+        own[label] = own.get(label, 0.0) + max(0.0, stop - max(start, end))
+        calls[label] = calls.get(label, 0) + 1
+        end = max(end, stop)
+    path: list[dict[str, Any]] = [{"name": n, "us_per_step": us / steps, "calls_per_step": calls[n] / steps}
+                                  for n, us in sorted(own.items(), key=lambda kv: -kv[1])]
+    return {"path": path[:top], "path_gap_us_per_step": gaps / steps,
+            "path_us_per_step": (sum(own.values()) + gaps) / steps}
