@@ -9,6 +9,7 @@ no host syncs, so it can be captured in a CUDA graph at any context length.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 from torch import Tensor
@@ -108,10 +109,12 @@ def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens:
     if b == 0:
         return out
     norms = False
+    merge = new is not None or os.environ.get("ATHANOR_ATTN_MERGE", "kernel") == "ticket"  # experiment knob
+    if merge:
+        assert b * hkv <= tickets(q.device).numel()
     if new is not None:
         k, v, kv, eps = new
         assert k.stride(2) == 1 and v.stride(2) == 1 and kv.cos.is_contiguous() and kv.sin.is_contiguous()
-        assert b * hkv <= tickets(q.device).numel()
         norms = kv.q_norm is not None and kv.k_norm is not None
         fused = (k, v, kv.cos, kv.sin, kv.positions, kv.q_norm if norms else kv.cos, kv.k_norm if norms else kv.cos,
                  eps)
@@ -126,14 +129,15 @@ def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens:
         out.stride(0), out.stride(1), d**-0.5,
         GROUP=group, NUM_SPLITS=splits, HEAD_DIM=d, BLOCK_G=max(16, next_pow2(group)), BLOCK_N=BLOCK_N,
         BLOCK_H=next_pow2(group), BLOCK_S=next_pow2(splits), S_CHUNK=_merge_chunk(next_pow2(group), splits, d),
-        ROPE=new is not None, QK_NORM=norms, MERGE=new is not None, **pdl(q),
+        ROPE=new is not None, QK_NORM=norms, MERGE=merge, **pdl(q),
     )
-    if new is None:
+    if not merge:
         decode_attention_merge_kernel[(b, hq)](
             o_part, lse_part, out,
             o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
             out.stride(0), out.stride(1),
-            NUM_SPLITS=splits, BLOCK_S=next_pow2(splits), S_CHUNK=_merge_chunk(1, splits, d), HEAD_DIM=d, **pdl(q),
+            NUM_SPLITS=splits, BLOCK_S=next_pow2(splits), S_CHUNK=_merge_chunk(1, splits, d), HEAD_DIM=d,
+            EARLY=os.environ.get("ATHANOR_MERGE_EARLY", "0") == "1", **pdl(q),
         )
     return out
 

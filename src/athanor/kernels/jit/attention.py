@@ -155,10 +155,12 @@ def decode_attention_merge_kernel(
     O_PART, LSE_PART, OUT,
     o_s0, o_s1, o_s2, l_s0, l_s1, out_s0, out_s1,
     NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, S_CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr,
-    PDL: tl.constexpr,
+    EARLY: tl.constexpr, PDL: tl.constexpr,
 ):
     if PDL:
         tl.extra.cuda.gdc_wait()
+        if EARLY:  # the O projection's programs may become resident now and load their first weight tiles
+            tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     head = tl.program_id(1) + tl.arange(0, 1)
     merge_heads(O_PART + b * o_s0, LSE_PART + b * l_s0, OUT + b * out_s0, head, head >= 0, o_s1, o_s2, l_s1, out_s1,
