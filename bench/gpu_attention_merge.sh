@@ -24,5 +24,5 @@ for variant in base ticket early base_again; do
     2>&1 | grep -E "ms +[0-9.]+% roofline|Error" | sed "s/^/$variant: /"
 done
 for variant in base ticket early base_again; do
-  echo "== $variant"; python3 bench/kernel_table.py "$top/$variant" 0 | grep -E "ms/token|attention|fused_gemv_kernel\[1|critical"
+  echo "== $variant"; python3 bench/kernel_table.py "$top/$variant" 12 | grep -E "ms/token|attention|fused_gemv_kernel\[1|critical"
 done
