@@ -14,6 +14,8 @@ and writes the cache: one launch fewer a layer) for dense models: on the H200 at
 launch after its weight stream, llama-3.1-8b 4.237 vs 4.261 ms and llama-3.2-1b 0.932 vs 0.934 ms against the
 separate RoPE kernel (11981a0). MoE keeps the separate RoPE and routing kernels: with both epilogues
 qwen3-30b-a3b took 2.935 vs 2.857 ms (the router GEMV's serial top-k tail; not separated from RoPE's).
+`merge_early` (the attention merge lets the O projection launch after its wait) for dense models only: llama-3.2-1b
+0.896 vs 0.921 ms, qwen3-30b-a3b 2.991 vs 2.903 ms (`bench/results/attention-merge/`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ BEST_CUDA: dict[str, Any] = {
     "routing": "triton",
     "compile": None,
     "graphs": True,
+    "merge_early": True,
 }
 
 BEST_CPU: dict[str, Any] = {
@@ -58,8 +61,8 @@ def best_options(spec: ModelSpec, device: str = "cuda", lossy: bool = False) -> 
     options = dict(BEST_CUDA if device.startswith("cuda") else BEST_CPU)
     if spec.moe is not None:
         options["fused_gate_up"] = False
-        if device.startswith("cuda"):  # the epilogues measured slower on qwen3-30b-a3b (module docstring)
-            options["rope"], options["routing"] = "triton_fused_cache", "triton"
+        if device.startswith("cuda"):  # the epilogues and the early merge measured slower on qwen3-30b-a3b
+            options["rope"], options["routing"], options["merge_early"] = "triton_fused_cache", "triton", False
     if lossy:
         options["linear_dtype"] = "bfloat16"
     return options

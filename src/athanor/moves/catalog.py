@@ -115,6 +115,12 @@ MOVES: tuple[Move, ...] = (
     Move("graphs", (True, False), True,
          "Declare decode graph-safe so the engine captures it in CUDA graphs per batch bucket (removes launch "
          "overhead, dominant at batch 1). Turn off only to debug; ignored when moe='loop'."),
+    Move("merge_early", (False, True), False, cuda_only=(True,),
+         doc="With attention='triton_split_kv' under programmatic dependent launch: the merge kernel lets the O "
+             "projection launch right after its wait, so the O GEMV's programs load their first weight tiles while "
+             "the merge runs (else they launch as it exits). H200, batch 1: llama-3.2-1b 0.896 vs 0.921 ms; "
+             "qwen3-30b-a3b 2.991 vs 2.903 ms, whose larger O projection's early loads slowed the merge. Changes "
+             "no value."),
     Move("linear_dtype", (None, "bfloat16"), None, lossy=True,
          doc="Linear layers (every projection, the dense and shared-expert MLPs, the LM head) run on bf16 copies "
              "of their weights made in build(): activations are cast to bf16 and each result back to the model "

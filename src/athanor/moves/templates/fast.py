@@ -63,6 +63,7 @@ OPTIONS: dict[str, Any] = {
     "compile": None,
     "graphs": True,
     "linear_dtype": None,
+    "merge_early": False,
 }
 # --- end OPTIONS ---
 
@@ -315,7 +316,8 @@ class FastForward:
             return decode_attention_per_seq(q, kc, vc, slots, kv_lens)
         if OPTIONS["attention"] == "torch_flex":
             return decode_attention_flex(q, kc, vc, slots, kv_lens)
-        return decode_attention(q, kc, vc, slots, kv_lens, static=self.static, impl=impl("attention"))
+        return decode_attention(q, kc, vc, slots, kv_lens, static=self.static, impl=impl("attention"),
+                                merge_early=bool(OPTIONS["merge_early"]))
 
     def _attend_fused(self, i: int, layer: Layer, h: Tensor, positions: Tensor, slots: Tensor,
                       kv_lens: Tensor) -> Tensor:
