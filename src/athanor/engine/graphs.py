@@ -154,8 +154,10 @@ class DecodeRunner:
         if not self._graphs or i == len(self.buckets):
             return None
         fields = GREEDY_INPUTS if greedy else ALL_INPUTS
-        for name in fields:
-            getattr(self._in, name)[:num_rows].copy_(getattr(x, name), non_blocking=True)
+        # One multi-tensor launch for the fields of one dtype on a GPU (a greedy step's 4 inputs: 3 launches fewer,
+        # ~1 us each at batch 1), the same copies as `copy_` one by one otherwise.
+        torch._foreach_copy_([getattr(self._in, name)[:num_rows] for name in fields],
+                             [getattr(x, name) for name in fields], non_blocking=True)
         self._pad_from(num_rows, fields)
         self._last = (num_rows, self.buckets[i], greedy)
         return self._graphs[(self.buckets[i], greedy)]
@@ -186,8 +188,7 @@ class DecodeRunner:
         graph, out_tokens, out_logits = self._graphs[(bucket, greedy)]
         b = self._in
         b.tokens[:rows].copy_(out_tokens[:rows])
-        b.positions[:rows] += 1
-        b.seq_lens[:rows] += 1
+        torch._foreach_add_([b.positions[:rows], b.seq_lens[:rows]], 1)  # one launch for both
         graph.replay()
         return out_tokens[:rows].clone(), out_logits[:rows].clone()
 
