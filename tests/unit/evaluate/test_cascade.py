@@ -9,14 +9,13 @@ import pytest
 
 from athanor.evaluate import Evaluator, Verdict
 
-pytestmark = pytest.mark.timing  # its verdicts rest on measured speed: run alone (see Makefile `test`)
-
 
 def _show(v: Verdict) -> str:
     return f"{v.stage}: {v.reason} speedup={v.speedup}"
 
 
 # -- honest candidates -----------------------------------------------------------------------------
+@pytest.mark.timing  # its verdict rests on measured speed: run alone (Makefile `test`)
 def test_honest_faster_candidate_is_accepted(evaluator: Evaluator) -> None:
     v = evaluator.evaluate(c.HONEST, incumbent=c.SLOWED)
     assert v.accepted and v.stage == "accepted", _show(v)
@@ -43,6 +42,7 @@ def test_warm_up_leaves_the_incumbent_and_its_twin_resident(evaluator: Evaluator
     assert any("warmed" in r.getMessage() and "(5 scripts)" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.timing  # its verdict rests on measured speed: run alone (Makefile `test`)
 def test_reference_is_no_faster_than_itself(evaluator: Evaluator) -> None:
     v = evaluator.evaluate(c.HONEST, incumbent=c.BASE)
     assert not v.accepted and v.stage == "timing", _show(v)
@@ -51,6 +51,7 @@ def test_reference_is_no_faster_than_itself(evaluator: Evaluator) -> None:
     assert 0.95 < noise.ci_low <= noise.ci_high < 1.05, noise
 
 
+@pytest.mark.timing  # its verdict rests on measured speed: run alone (Makefile `test`)
 def test_slower_candidate_is_rejected(evaluator: Evaluator) -> None:
     v = evaluator.evaluate(c.SLOWER, incumbent=c.BASE)
     assert not v.accepted and v.stage == "timing", _show(v)
@@ -69,6 +70,7 @@ def test_identical_source_is_rejected(evaluator: Evaluator) -> None:
 
 
 # -- one planted cheat per adversarial measure --------------------------------------------------------
+@pytest.mark.timing  # its verdict rests on measured speed: run alone (Makefile `test`)
 def test_memoising_gains_nothing_on_fresh_inputs(evaluator: Evaluator) -> None:
     # Fast only when an input repeats; the evaluator never repeats one, so it is as slow as SLOWED.
     v = evaluator.evaluate(c.MEMO, incumbent=c.SLOWED)
@@ -134,6 +136,7 @@ def test_static_stage_refuses_before_running(evaluator: Evaluator) -> None:
 
 
 # -- --bitwise and the quality budget ------------------------------------------------------------------
+@pytest.mark.timing  # its verdict rests on measured speed: run alone (Makefile `test`)
 def test_tolerance_admits_what_bitwise_refuses(evaluator: Evaluator, bitwise_evaluator: Evaluator) -> None:
     loose = evaluator.evaluate(c.NUDGED, incumbent=c.SLOWED)
     assert loose.stage not in ("static", "smoke", "correctness"), _show(loose)
@@ -144,6 +147,7 @@ def test_tolerance_admits_what_bitwise_refuses(evaluator: Evaluator, bitwise_eva
     assert same.accepted, _show(same)
 
 
+@pytest.mark.timing  # its verdict rests on measured speed: run alone (Makefile `test`)
 def test_lossy_weights_pass_only_within_a_quality_budget(evaluator: Evaluator,
                                                           quality_evaluator: Evaluator,
                                                           tight_quality_evaluator: Evaluator) -> None:

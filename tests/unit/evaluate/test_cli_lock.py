@@ -13,8 +13,6 @@ import pytest
 from athanor.cli import main
 from athanor.evaluate.lock import device_lock, lock_path
 
-pytestmark = pytest.mark.timing  # its verdicts rest on measured speed: run alone (see Makefile `test`)
-
 
 def test_cli_rejects_wrong_candidate_with_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = tmp_path / "wrong.py"

@@ -17,14 +17,13 @@ from athanor.evaluate import EvaluateConfig, Evaluator, QualityBudget
 from athanor.loop import CompileConfig, compile_session
 from athanor.store import open_store
 
-pytestmark = pytest.mark.timing  # its verdicts rest on measured speed: run alone (see Makefile `test`)
-
 
 def _config(out: Path, **kw) -> CompileConfig:
     base = dict(model="tiny-dense", traffic="preset:chat", budget_s=40.0, out_dir=out, max_seqs=8, max_seq_len=256)
     return CompileConfig(**{**base, **kw})
 
 
+@pytest.mark.timing  # its verdict rests on measured speed: run alone (Makefile `test`)
 def test_the_whole_loop_on_a_tiny_preset(tmp_path: Path) -> None:
     events: list[str] = []
     report = compile_session(_config(tmp_path / "run"), on_event=events.append)
@@ -45,6 +44,7 @@ def test_the_whole_loop_on_a_tiny_preset(tmp_path: Path) -> None:
         assert json.loads((winner / "verification.json").read_text())["slow"]["accepted"] is True
 
 
+@pytest.mark.timing  # its verdict rests on measured speed: run alone (Makefile `test`)
 def test_interrupt_keeps_results_and_resume_continues(tmp_path: Path) -> None:
     out = tmp_path / "run"
 
@@ -120,6 +120,7 @@ def test_cli_quality_budget_errors_are_one_line(tmp_path: Path, capsys: pytest.C
     assert not out.exists()
 
 
+@pytest.mark.timing  # its verdict rests on measured speed: run alone (Makefile `test`)
 def test_quality_mode_is_recorded_and_kept_on_resume(tmp_path: Path) -> None:
     out = tmp_path / "run"
     budget = QualityBudget(max_kl=0.01, max_ppl_increase=0.02)
