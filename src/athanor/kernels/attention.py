@@ -62,7 +62,7 @@ def decode_attention_torch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: T
 
 def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor,
                      num_splits: int | None = None, static: bool = False, impl: Impl = None,
-                     merge_early: bool = False) -> Tensor:
+                     merge_early: bool = False, lens_offset: int = 0) -> Tensor:
     """Attention of one query per sequence over its cached keys. Returns [B, Hq, D] in q's dtype.
 
     q: [B, Hq, D]; k_cache, v_cache: [num_slots, Hkv, max_seq_len, D]; slots, kv_lens: [B] int64
@@ -74,10 +74,14 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
     of as it exits, so the O projection's programs load their first weight tiles while the merge runs. Measured
     on an H200 at batch 1 (`bench/results/attention-merge/`): llama-3.2-1b 0.896 vs 0.921 ms, qwen3-30b-a3b
     2.991 vs 2.903 ms (its larger O projection's early loads slowed the merge 1.6x).
+
+    `lens_offset`: each row attends kv_lens[b] + lens_offset keys, so a decode step can pass its positions with
+    offset 1 and spare the launch that would add the 1 (a microsecond of a batch-1 step).
     """
     if not use_triton(q, impl):
-        return decode_attention_torch(q, k_cache, v_cache, slots, kv_lens, static)
-    return _launch(q, k_cache, v_cache, slots, kv_lens, num_splits, None, merge_early)
+        return decode_attention_torch(q, k_cache, v_cache, slots, kv_lens + lens_offset if lens_offset else kv_lens,
+                                      static)
+    return _launch(q, k_cache, v_cache, slots, kv_lens, num_splits, None, merge_early, lens_offset)
 
 
 def rope_cache_attention(q: Tensor, k: Tensor, v: Tensor, kv: KVWrite, kv_lens: Tensor, eps: float = 0.0,
@@ -97,7 +101,8 @@ def rope_cache_attention(q: Tensor, k: Tensor, v: Tensor, kv: KVWrite, kv_lens: 
 
 
 def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor, num_splits: int | None,
-            new: tuple[Tensor, Tensor, KVWrite, float] | None, merge_early: bool = False) -> Tensor:
+            new: tuple[Tensor, Tensor, KVWrite, float] | None, merge_early: bool = False,
+            lens_offset: int = 0) -> Tensor:
     """The Triton path: split kernel + merge kernel, or (`new`: the new token's k, v, where they go, the q/k norms'
     eps) the fused kernel with its ticket merge."""
     from athanor.kernels.jit.attention import decode_attention_merge_kernel, decode_attention_split_kernel
@@ -132,7 +137,7 @@ def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens:
         out.stride(0), out.stride(1), d**-0.5,
         GROUP=group, NUM_SPLITS=splits, HEAD_DIM=d, BLOCK_G=max(16, next_pow2(group)), BLOCK_N=BLOCK_N,
         BLOCK_H=next_pow2(group), BLOCK_S=next_pow2(splits), S_CHUNK=_merge_chunk(next_pow2(group), splits, d),
-        ROPE=new is not None, QK_NORM=norms, MERGE=new is not None, **pdl(q),
+        ROPE=new is not None, QK_NORM=norms, MERGE=new is not None, LENS_OFFSET=lens_offset, **pdl(q),
     )
     if new is None:
         decode_attention_merge_kernel[(b, hq)](

@@ -126,3 +126,13 @@ def test_rope_cache_attention_is_rope_and_cache_then_attention(gen, impl, hq, hk
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(k_cache, expected_k, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(v_cache, expected_v)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_lens_offset_attends_one_key_more_per_row(gen, impl):
+    """A decode step passes its positions with lens_offset=1: the same as passing positions + 1."""
+    q = torch.randn(3, 4, 16, generator=gen)
+    k_cache, v_cache = torch.randn(4, 2, 80, 16, generator=gen), torch.randn(4, 2, 80, 16, generator=gen)
+    slots, positions = torch.tensor([3, 0, 1]), torch.tensor([0, 41, 79])
+    torch.testing.assert_close(decode_attention(q, k_cache, v_cache, slots, positions, impl=impl, lens_offset=1),
+                               decode_attention(q, k_cache, v_cache, slots, positions + 1, impl=impl), rtol=0, atol=0)

@@ -56,6 +56,7 @@ def decode_attention_split_kernel(
     GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
     S_CHUNK: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr, MERGE: tl.constexpr, PDL: tl.constexpr,
+    LENS_OFFSET: tl.constexpr = 0,
 ):
     if PDL:  # programmatic dependent launch: wait for the kernel that wrote q and the cache
         tl.extra.cuda.gdc_wait()
@@ -63,7 +64,7 @@ def decode_attention_split_kernel(
     hk = tl.program_id(1)
     split = tl.program_id(2)
     slot = tl.load(SLOTS + b)
-    kv_len = tl.load(KV_LENS + b).to(tl.int32)
+    kv_len = tl.load(KV_LENS + b).to(tl.int32) + LENS_OFFSET  # positions + 1, say, with no launch to add it
     chunk = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * chunk
     end = tl.minimum(start + chunk, kv_len)

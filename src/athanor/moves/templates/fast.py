@@ -151,6 +151,8 @@ class FastForward:
         # attention does them itself).
         self.qkv_epilogue = (OPTIONS["rope"] == "triton_qkv_epilogue" and bool(OPTIONS["fused_qkv"])
                              and OPTIONS["attention"] != "triton_fused")
+        # The Triton split-KV attention adds the 1 to each row's position itself (`lens_offset`): one launch fewer.
+        self.lens_offset = 1 if OPTIONS["attention"] == "triton_split_kv" else 0
         self.layers = [Layer(model, i) for i in range(spec.num_layers)]
         self.embed, self.norm, self.lm_head = model.get("embed"), model.get("norm"), model.get("lm_head")
         self.lm_head = linear_weight(self.lm_head)
@@ -294,7 +296,8 @@ class FastForward:
 
     def _attend(self, i: int, layer: Layer, q: Tensor, k: Tensor, v: Tensor, positions: Tensor, slots: Tensor,
                 kv_lens: Tensor) -> Tensor:
-        """q/k-norm and rotate q and k, write k and v into layer i's cache, attend over kv_lens keys: [B, Hq, D]."""
+        """q/k-norm and rotate q and k, write k and v into layer i's cache, attend over kv_lens (+ `lens_offset`)
+        keys: [B, Hq, D]."""
         kc, vc = self.k_cache[i], self.v_cache[i]
         if OPTIONS["attention"] == "triton_fused":  # RoPE, the q/k norms and the cache write inside attention
             return rope_cache_attention(q, k, v, self._kv_write(i, layer, positions, slots), kv_lens, self.eps,
@@ -310,14 +313,15 @@ class FastForward:
         return self._attention(i, q.contiguous(), slots, kv_lens)
 
     def _attention(self, i: int, q: Tensor, slots: Tensor, kv_lens: Tensor) -> Tensor:
-        """Attention of rotated q [B, Hq, D] over layer i's cache, which holds the new token already."""
+        """Attention of rotated q [B, Hq, D] over layer i's cache, which holds the new token already: kv_lens
+        (+ `lens_offset`) keys a row."""
         kc, vc = self.k_cache[i], self.v_cache[i]
         if OPTIONS["attention"] == "torch_per_seq":
             return decode_attention_per_seq(q, kc, vc, slots, kv_lens)
         if OPTIONS["attention"] == "torch_flex":
             return decode_attention_flex(q, kc, vc, slots, kv_lens)
         return decode_attention(q, kc, vc, slots, kv_lens, static=self.static, impl=impl("attention"),
-                                merge_early=bool(OPTIONS["merge_early"]))
+                                merge_early=bool(OPTIONS["merge_early"]), lens_offset=self.lens_offset)
 
     def _attend_fused(self, i: int, layer: Layer, h: Tensor, positions: Tensor, slots: Tensor,
                       kv_lens: Tensor) -> Tensor:
@@ -341,7 +345,8 @@ class FastForward:
         if (OPTIONS["gemv"] == "triton_fused" and (self.spec.moe is None or OPTIONS["moe"] == "triton")
                 and tokens.shape[0] <= FUSED_ROWS and use_triton(tokens)):
             return self._decode_fused(tokens, positions, slots)
-        kv_lens = positions + 1  # the new token is written before attention reads (once per step, not per layer)
+        # The new token is written before attention reads: positions + 1 keys (once per step, not per layer).
+        kv_lens = positions if self.lens_offset else positions + 1
         x: Tensor = F.embedding(tokens, self.embed)  # [B, H]
         residual: Tensor | None = None
         for i, layer in enumerate(self.layers):
@@ -359,7 +364,7 @@ class FastForward:
         (`fused_linear`): per dense layer QKV, RoPE (+ cache), attention, O, gate/up and down only; a MoE
         layer's experts run as `_moe_fused`. h is the residual stream: the reference's x after each
         `x = x + ...`."""
-        kv_lens = positions + 1
+        kv_lens = positions if self.lens_offset else positions + 1
         h: Tensor = F.embedding(tokens, self.embed)  # [B, H]
         for i, layer in enumerate(self.layers):
             attn = self._attend_fused(i, layer, h, positions, slots, kv_lens)
