@@ -72,8 +72,9 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
 
     `merge_early` (Triton, under PDL): the merge kernel lets the next kernel launch right after its wait instead
     of as it exits, so the O projection's programs load their first weight tiles while the merge runs. Measured
-    on an H200 at batch 1 (`bench/results/attention-merge/`): llama-3.2-1b 0.896 vs 0.921 ms, qwen3-30b-a3b
-    2.991 vs 2.903 ms (its larger O projection's early loads slowed the merge 1.6x).
+    on an H200 at batch 1: llama-3.2-1b 0.900-0.901 vs 0.912-0.913 ms (three runs each, alternating), llama-3.1-8b
+    4.229 vs 4.260 ms (`bench/results/merge-early/`); qwen3-30b-a3b 2.991 vs 2.903 ms, its larger O projection's
+    early loads slowing the merge 1.6x (`bench/results/attention-merge/`).
 
     `lens_offset`: each row attends kv_lens[b] + lens_offset keys, so a decode step can pass its positions with
     offset 1 and spare the launch that would add the 1 (a microsecond of a batch-1 step).

@@ -15,7 +15,8 @@ launch after its weight stream, llama-3.1-8b 4.237 vs 4.261 ms and llama-3.2-1b 
 separate RoPE kernel (11981a0). MoE keeps the separate RoPE and routing kernels: with both epilogues
 qwen3-30b-a3b took 2.935 vs 2.857 ms (the router GEMV's serial top-k tail; not separated from RoPE's).
 `merge_early` (the attention merge lets the O projection launch after its wait) for dense models only: llama-3.2-1b
-0.896 vs 0.921 ms, qwen3-30b-a3b 2.991 vs 2.903 ms (`bench/results/attention-merge/`).
+0.900 vs 0.912 ms, llama-3.1-8b 4.229 vs 4.260 ms (`bench/results/merge-early/`), qwen3-30b-a3b 2.991 vs 2.903 ms
+(`bench/results/attention-merge/`).
 """
 
 from __future__ import annotations

@@ -118,7 +118,7 @@ MOVES: tuple[Move, ...] = (
     Move("merge_early", (False, True), False, cuda_only=(True,),
          doc="With attention='triton_split_kv' under programmatic dependent launch: the merge kernel lets the O "
              "projection launch right after its wait, so the O GEMV's programs load their first weight tiles while "
-             "the merge runs (else they launch as it exits). H200, batch 1: llama-3.2-1b 0.896 vs 0.921 ms; "
+             "the merge runs (else they launch as it exits). H200, batch 1: llama-3.2-1b 0.900 vs 0.912 ms; "
              "qwen3-30b-a3b 2.991 vs 2.903 ms, whose larger O projection's early loads slowed the merge. Changes "
              "no value."),
     Move("linear_dtype", (None, "bfloat16"), None, lossy=True,
