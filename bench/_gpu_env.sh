@@ -12,12 +12,14 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=$PWD/src:/tmp/athanor-site
 # The compiler caches (Triton kernels and autotuning results) where the engines look for them, restored from a
 # carried .compile_cache/compile_cache.tgz (an earlier call's $OUT/compile_cache.tgz) when there is one.
-COMPILE_CACHE=$(python3 -c "from athanor.engine.config import EngineConfig; print(EngineConfig(model='').compile_cache_dir())")
+# Where the engines keep them, exported for this process too (bench/decode_matrix.py's in-process engine): its Triton
+# kernels and autotuning results are kept and reused as the engine workers' are, instead of tuned afresh in every
+# call (the same 1B code read 0.898 and 0.924 ms in two calls, one kernel's share of the step apart: a different
+# pick, likely).
+eval "$(python3 -c 'from athanor.engine.config import EngineConfig
+config = EngineConfig(model="")
+print(f"COMPILE_CACHE={config.compile_cache_dir()}")
+for k, v in config.cache_env().items(): print(f"export {k}={v}")')"
 if [ -f .compile_cache/compile_cache.tgz ]; then
   mkdir -p "$COMPILE_CACHE" && tar xzf .compile_cache/compile_cache.tgz -C "$COMPILE_CACHE" && echo "compiler caches restored"
 fi
-# The same caches for what runs in this process (bench/decode_matrix.py's in-process engine): its Triton kernels and
-# autotuning results are kept and reused as the engine workers' are, instead of tuned afresh in every call (the same
-# 1B code read 0.898 and 0.924 ms in two calls, one kernel's share of the step apart: a different pick, likely).
-eval "$(python3 -c 'from athanor.engine.config import EngineConfig
-for k, v in EngineConfig(model="").cache_env().items(): print(f"export {k}={v}")')"

@@ -280,6 +280,7 @@ def critical_path(spans: list[tuple[str, float, float]], steps: int, layers: int
     counts: dict[str, int] = {}
     for name, _, _ in spans[:per_step]:
         counts[name] = counts.get(name, 0) + 1
+    per_layer = {name: c // layers for name, c in counts.items() if layers and c % layers == 0 and c // layers > 1}
     own: dict[str, float] = {}
     calls: dict[str, int] = {}
     gaps, end = 0.0, spans[0][1]
@@ -288,8 +289,7 @@ def critical_path(spans: list[tuple[str, float, float]], steps: int, layers: int
             seen: dict[str, int] = {}
         k = seen.get(name, 0)
         seen[name] = k + 1
-        per_layer = counts.get(name, 0) // layers if layers and counts.get(name, 0) % layers == 0 else 0
-        label = f"{name}[{k % per_layer + 1}/{per_layer}]" if per_layer > 1 else name
+        label = f"{name}[{k % per_layer[name] + 1}/{per_layer[name]}]" if name in per_layer else name
         gaps += max(0.0, start - end)
         own[label] = own.get(label, 0.0) + max(0.0, stop - max(start, end))
         calls[label] = calls.get(label, 0) + 1

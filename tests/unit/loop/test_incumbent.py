@@ -12,9 +12,8 @@ from athanor.engine.candidate import Candidate, baseline_candidate
 from athanor.errors import ConfigError
 from athanor.loop import CompileConfig, compile_session
 
-pytestmark = pytest.mark.timing  # its verdicts rest on measured speed: run alone (see Makefile `test`)
 
-
+@pytest.mark.timing  # its verdict rests on measured speed: run alone (Makefile `test`)
 def test_a_slow_incumbent_is_beaten_and_named(tmp_path: Path, write_slow_candidate: Callable[[Path], Candidate]) -> None:
     slow = write_slow_candidate(tmp_path / "incumbent")
     out = tmp_path / "run"

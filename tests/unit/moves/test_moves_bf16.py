@@ -102,8 +102,8 @@ def test_fused_moe_candidate_in_bf16(tmp_path):
 
 
 BROKEN = {
-    "kv_len_off_by_one": ("kv_lens = positions if self.lens_offset else positions + 1",
-                          "kv_lens = positions if self.lens_offset else positions.clamp(min=1)"),
+    "kv_len_off_by_one": ("return positions if self.lens_offset else positions + 1",
+                          "return positions if self.lens_offset else positions.clamp(min=1)"),
     "rope_position_off_by_one": ("q, k = rope(q, k, self.cos, self.sin, positions,",
                                  "q, k = rope(q, k, self.cos, self.sin, positions + 1,"),
     "fused_qkv_split_swapped": ('torch.cat([get("wq"), get("wk"), get("wv")])',

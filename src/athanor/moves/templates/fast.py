@@ -340,13 +340,17 @@ class FastForward:
         return KVWrite(self.cos, self.sin, positions, slots, self.k_cache[i], self.v_cache[i], layer.q_norm,
                        layer.k_norm)
 
+    def _kv_lens(self, positions: Tensor) -> Tensor:
+        """What the attention reads as each row's key count, once per step: positions + 1 (the new token is written
+        before attention reads), or the positions themselves where the attention adds the 1 (`lens_offset`)."""
+        return positions if self.lens_offset else positions + 1
+
     def decode_layers(self, tokens: Tensor, positions: Tensor, slots: Tensor) -> Tensor:
         """Logits [B, vocab] of one decode step; a pure function of its inputs and the caches (compilable)."""
         if (OPTIONS["gemv"] == "triton_fused" and (self.spec.moe is None or OPTIONS["moe"] == "triton")
                 and tokens.shape[0] <= FUSED_ROWS and use_triton(tokens)):
             return self._decode_fused(tokens, positions, slots)
-        # The new token is written before attention reads: positions + 1 keys (once per step, not per layer).
-        kv_lens = positions if self.lens_offset else positions + 1
+        kv_lens = self._kv_lens(positions)
         x: Tensor = F.embedding(tokens, self.embed)  # [B, H]
         residual: Tensor | None = None
         for i, layer in enumerate(self.layers):
@@ -364,7 +368,7 @@ class FastForward:
         (`fused_linear`): per dense layer QKV, RoPE (+ cache), attention, O, gate/up and down only; a MoE
         layer's experts run as `_moe_fused`. h is the residual stream: the reference's x after each
         `x = x + ...`."""
-        kv_lens = positions if self.lens_offset else positions + 1
+        kv_lens = self._kv_lens(positions)
         h: Tensor = F.embedding(tokens, self.embed)  # [B, H]
         for i, layer in enumerate(self.layers):
             attn = self._attend_fused(i, layer, h, positions, slots, kv_lens)
