@@ -375,6 +375,43 @@ def test_router_topk_bf16_in_a_graph(dev):
     print(f"router_topk 128x2048 top 8: {_ms(graph.replay) * 1e3:.1f} us, GEMV + route kernel {_ms(two.replay) * 1e3:.1f} us")
 
 
+def test_expert_gemv_routes_itself_bf16_in_a_graph(dev):
+    """The expert GEMVs ranking the router's logits themselves (qwen3-30b-a3b: 128 experts, top 8, 2048 -> 768),
+    captured and replayed with new logits: the gate/up rows of the routing kernel's ids exactly (same experts, same
+    programs), the weighted down sum within bf16 rounding (its weights are the routing kernel's up to the order of
+    one fp32 sum)."""
+    from athanor.kernels import RouterLogits, expert_gemv, route
+
+    bf = {"device": dev, "dtype": torch.bfloat16}
+    e, k, h, i = 128, 8, 2048, 768
+    x, residual = torch.randn(1, h, **bf), torch.randn(1, h, **bf)
+    w_gate_up, w_down = torch.randn(e, 2 * i, h, **bf) / h**0.5, torch.randn(e, h, i, **bf) / i**0.5
+    logits = torch.randn(1, e, **bf)
+    router = RouterLogits(logits, k, "softmax", True)
+
+    def moe(routed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, weights = (router, router) if routed else route(logits, k, "softmax", True)
+        gate_up = expert_gemv(x, w_gate_up, ids)
+        return gate_up, expert_gemv(gate_up[:, :i], w_down, ids, up=gate_up[:, i:], topk_weights=weights,
+                                    residual=residual, settled=True)
+
+    for routed in (True, False):  # autotune outside the capture
+        moe(routed)
+    graphs = [torch.cuda.CUDAGraph() for _ in range(2)]
+    outs = []
+    for graph, routed in zip(graphs, (True, False), strict=True):
+        with torch.cuda.graph(graph):
+            outs.append(moe(routed))
+    for _ in range(3):
+        logits.copy_(torch.randn_like(logits))
+        for graph in graphs:
+            graph.replay()
+        assert torch.equal(outs[0][0], outs[1][0])
+        torch.testing.assert_close(outs[0][1], outs[1][1], **BF16)
+    print(f"expert_gemv routing itself: {_ms(graphs[0].replay) * 1e3:.1f} us, route kernel + expert_gemv "
+          f"{_ms(graphs[1].replay) * 1e3:.1f} us")
+
+
 def test_row_kernels_past_two_to_the_31_elements(dev):
     """A prefill of 76k tokens through an 8B's fused gate|up ([76k, 28672] bf16: 2.2e9 elements) and RMSNorm:
     row offsets past 2^31 once overflowed int32, an illegal memory access in the tier benchmark (24afa45, 524fe1e)."""

@@ -17,6 +17,7 @@ from athanor.kernels.flex_decode import decode_attention_flex
 from athanor.kernels.gemv import fused_linear, linear, qkv_rope_cache, router_topk, splitk_linear
 from athanor.kernels.moe import (
     ExpertGroups,
+    RouterLogits,
     expert_gemv,
     group_by_expert,
     grouped_mm,
@@ -33,6 +34,7 @@ __all__ = [
     "HAS_TRITON",
     "ExpertGroups",
     "KVWrite",
+    "RouterLogits",
     "add_rms_norm",
     "decode_attention",
     "decode_attention_flex",

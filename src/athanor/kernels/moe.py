@@ -210,28 +210,56 @@ MAX_EXPERT_GEMV_TOKENS = 8
 on its own, so beyond a few tokens grouping pairs by expert (`moe_experts`) reads less."""
 
 
-def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor, *, w2: Tensor | None = None, up: Tensor | None = None,
-                norm_weight: Tensor | None = None, eps: float = 0.0, topk_weights: Tensor | None = None,
-                residual: Tensor | None = None, settled: bool = False, impl: Impl = None) -> Tensor:
+@dataclass(frozen=True)
+class RouterLogits:
+    """Routing left to the expert kernels: the router's logits [T, E] and how `route` turns them into top-k ids
+    and weights. Given to `expert_gemv` in place of ids (and of weights), every program ranks its token's logits
+    itself and takes its own choice: routing then costs no launch of its own (`route_choice`)."""
+
+    logits: Tensor
+    top_k: int
+    scoring: str
+    renormalize: bool
+    selection_bias: Tensor | None = None
+
+    def route(self, impl: Impl = None) -> tuple[Tensor, Tensor]:
+        """The ids [T, k] and weights [T, k] these logits route to (`route`)."""
+        return route(self.logits, self.top_k, self.scoring, self.renormalize, self.selection_bias, impl=impl)
+
+
+def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits, *, w2: Tensor | None = None,
+                up: Tensor | None = None, norm_weight: Tensor | None = None, eps: float = 0.0,
+                topk_weights: Tensor | RouterLogits | None = None, residual: Tensor | None = None,
+                settled: bool = False, impl: Impl = None) -> Tensor:
     """The routed experts of a few decode tokens, with no grouping and no host sync: every (token,
     choice) pair multiplies its input row by its expert's weight, read by id on the device.
 
-    topk_ids: [T, k] int64. x: [T, K] (each token's input, shared by its k experts) or [T*k, K] (one
-    row per pair, e.g. the gate half of the previous call's output, with `up` its up half: then the
-    input is silu(x) * up, rounded like `silu_mul`); with `norm_weight`, the token's input is
-    rms_norm(x, norm_weight, eps) (x is the residual stream), normed inside the kernel. w: [E, N, K]; w2: [E, N2, K] (its outputs follow
-    w's: gate and up in one launch). Returns [T*k, N + N2] (row t*k + j: token t's j-th expert), or
-    with topk_weights [T, k] (fp32): [T, N], sum_j topk_weights[t, j] * row (in fp32, rounded once),
-    plus `residual` [T, N] if given.
+    topk_ids: [T, k] int64, or the `RouterLogits` they come from (then topk_weights, if given, is the same
+    object: the weights come from the logits too). x: [T, K] (each token's input, shared by its k experts) or
+    [T*k, K] (one row per pair, e.g. the gate half of the previous call's output, with `up` its up half: then
+    the input is silu(x) * up, rounded like `silu_mul`); with `norm_weight`, the token's input is
+    rms_norm(x, norm_weight, eps) (x is the residual stream), normed inside the kernel. w: [E, N, K]; w2:
+    [E, N2, K] (its outputs follow w's: gate and up in one launch). Returns [T*k, N + N2] (row t*k + j: token
+    t's j-th expert), or with topk_weights [T, k] (fp32): [T, N], sum_j topk_weights[t, j] * row (in fp32,
+    rounded once), plus `residual` [T, N] if given.
 
     `settled` (a PDL schedule hint; no effect without PDL): topk_ids and topk_weights were written before
     the launch just before this one, and that launch is an `expert_gemv` (the gate/up call before the
     down call): the kernel then reads the ids and its first weight tile before waiting for that launch.
     """
-    t, k = topk_ids.shape
+    router = topk_ids if isinstance(topk_ids, RouterLogits) else None
+    assert router is None or topk_weights is None or topk_weights is router, "weights from the same logits"
+    if isinstance(topk_ids, RouterLogits):
+        t, k = topk_ids.logits.shape[0], topk_ids.top_k
+    else:
+        t, k = topk_ids.shape
     shared = x.shape[0] == t and up is None
     assert norm_weight is None or shared, "the norm prologue is for the token's shared input"
     if t > MAX_EXPERT_GEMV_TOKENS or not use_triton(x, impl):
+        if router is not None:
+            topk_ids, routed = router.route(impl="torch")
+            topk_weights = routed if topk_weights is not None else None
+        assert isinstance(topk_ids, Tensor) and not isinstance(topk_weights, RouterLogits)
         if norm_weight is not None:
             x = rms_norm_torch(x, norm_weight, eps)
         rows = x.repeat_interleave(k, 0) if shared else x
@@ -252,21 +280,32 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor, *, w2: Tensor | None = N
     second = w2 if w2 is not None else w  # a stand-in pointer when there is no second weight (n2 = 0)
     assert w.stride(2) == 1 and x.stride(1) == 1 and (w2 is None or w2.stride(2) == 1)
     assert up is None or up.stride() == x.stride(), "gate and up rows share a stride (halves of one output)"
-    ids = topk_ids.contiguous()
+    if router is not None:
+        if router.scoring not in ("softmax", "sigmoid"):
+            raise ConfigError(f"routing scoring must be softmax or sigmoid, not {router.scoring!r}")
+        ids = router.logits if router.logits.stride(1) == 1 else router.logits.contiguous()
+        num_experts = ids.shape[1]
+        bias = router.selection_bias
+    else:
+        assert isinstance(topk_ids, Tensor)
+        ids, num_experts, bias = topk_ids.contiguous(), 0, None
     if topk_weights is not None:
         y = torch.empty((t, n), dtype=x.dtype, device=x.device)
         workspace = torch.empty(t * k * (n + 64), dtype=torch.float32, device=x.device)
     else:
         y = torch.empty((t * k, n + n2), dtype=x.dtype, device=x.device)
         workspace = y
-    args = (x, up if up is not None else x, w, second, ids,
-            topk_weights.contiguous() if topk_weights is not None else y,
+    weights = topk_weights.contiguous() if isinstance(topk_weights, Tensor) else y
+    args = (x, up if up is not None else x, w, second, ids, weights,
             norm_weight if norm_weight is not None else x, residual if residual is not None else y,
-            y, workspace, tickets(x.device), n, n2, kk, eps, x.stride(0), w.stride(0), w.stride(1),
-            second.stride(0), second.stride(1),
-            residual.stride(0) if residual is not None else 0, y.stride(0))
+            y, workspace, tickets(x.device), bias if bias is not None else y, n, n2, kk, num_experts, eps,
+            x.stride(0), w.stride(0), w.stride(1), second.stride(0), second.stride(1),
+            residual.stride(0) if residual is not None else 0, y.stride(0), ids.stride(0))
     flags = {"SHARED": shared, "NORM": norm_weight is not None, "SILU": up is not None, "SUM": topk_weights is not None,
-             "RESIDUAL": residual is not None, "TOP_K": k, "SETTLED": settled, **pdl(x)}
+             "RESIDUAL": residual is not None, "TOP_K": k, "SETTLED": settled, "ROUTE": router is not None,
+             "SOFTMAX": router is not None and router.scoring == "softmax",
+             "RENORM": router is not None and router.renormalize, "HAS_BIAS": bias is not None,
+             "BLOCK_E": next_pow2(max(num_experts, 1)), "CHUNK": min(32, next_pow2(max(num_experts, 1))), **pdl(x)}
     if interpreting():
         block = 16
         grid = (cdiv(n, block) + cdiv(n2, block), t * k)

@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from athanor.kernels import HAS_TRITON, expert_gemv, group_by_expert, grouped_mm, moe_experts, rms_norm, route
+from athanor.kernels import (
+    HAS_TRITON,
+    RouterLogits,
+    expert_gemv,
+    group_by_expert,
+    grouped_mm,
+    moe_experts,
+    rms_norm,
+    route,
+)
 from athanor.model import reference
 
 triton_only = pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
@@ -23,6 +32,28 @@ def test_route_matches_reference(gen, impl, scoring, renormalize, with_bias, exp
     ref_ids, ref_weights = reference.route(logits, top_k, scoring, renormalize, bias)
     assert torch.equal(ids, ref_ids)
     torch.testing.assert_close(weights, ref_weights, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(("scoring", "renormalize", "with_bias"), [("softmax", True, False), ("sigmoid", False, True)])
+def test_expert_gemv_routes_from_the_router_logits_as_the_routing_kernel(gen, impl, scoring, renormalize, with_bias):
+    """Given the router's logits instead of ids, each program ranks them itself (no routing launch): the same
+    gate/up rows and the same weighted down sum as from `route`'s ids and weights, bit for bit."""
+    tokens, e, k, h, i = 2, 40, 6, 48, 32
+    x, residual = torch.randn(tokens, h, generator=gen), torch.randn(tokens, h, generator=gen)
+    w_gate_up = torch.randn(e, 2 * i, h, generator=gen) * h**-0.5
+    w_down = torch.randn(e, h, i, generator=gen) * i**-0.5
+    logits = torch.randn(tokens, e, generator=gen)
+    bias = torch.randn(e, generator=gen) * 0.1 if with_bias else None
+    router = RouterLogits(logits, k, scoring, renormalize, bias)
+    ids, weights = route(logits, k, scoring, renormalize, bias, impl=impl)
+    outs = []
+    for routing, topk_weights in ((router, router), (ids, weights)):
+        gate_up = expert_gemv(x, w_gate_up, routing, impl=impl)
+        outs.append((gate_up, expert_gemv(gate_up[:, :i], w_down, routing, up=gate_up[:, i:], topk_weights=topk_weights,
+                                          residual=residual, settled=True, impl=impl)))
+    assert torch.equal(outs[0][0], outs[1][0])
+    assert torch.equal(outs[0][1], outs[1][1])
 
 
 @triton_only

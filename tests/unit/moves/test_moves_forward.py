@@ -165,17 +165,21 @@ ROUTED_ONLY = dataclasses.replace(PRESETS["tiny-moe"], name="tiny-moe-routed",
 """tiny-moe without its shared expert, as Qwen3-MoE and Mixtral: the fused layer's own MoE path."""
 
 
-@pytest.mark.parametrize(("preset", "epilogues"), [("tiny-moe", False), (ROUTED_ONLY, False), (ROUTED_ONLY, True),
-                                                  ("tiny-qwen", False), ("tiny-qwen", True)],
-                         ids=["tiny-moe", "routed-only", "routed-only-epilogues", "tiny-qwen", "tiny-qwen-epilogues"])
-def test_fused_layer_at_few_rows_moe_and_qk_norm(preset, epilogues, tmp_path, gen):
+@pytest.mark.parametrize(("preset", "routing"), [("tiny-moe", None), (ROUTED_ONLY, None),
+                                                (ROUTED_ONLY, "triton_router_epilogue"),
+                                                (ROUTED_ONLY, "triton_expert_prologue"),
+                                                ("tiny-qwen", None), ("tiny-qwen", "triton_router_epilogue")],
+                         ids=["tiny-moe", "routed-only", "routed-only-epilogues", "routed-only-expert-prologue",
+                              "tiny-qwen", "tiny-qwen-epilogues"])
+def test_fused_layer_at_few_rows_moe_and_qk_norm(preset, routing, tmp_path, gen):
     """The fused decode of a MoE model (with a shared expert: the general MoE path; routed experts only:
     expert ids read on the device, no grouping, `expert_gemv`) and of a Qwen-style one (q/k norms inside the
-    RoPE kernel, QKV bias in the GEMV); with `epilogues`, RoPE and the cache write inside the QKV GEMV and
-    the top-k inside the router GEMV."""
+    RoPE kernel, QKV bias in the GEMV); with a `routing` option, RoPE and the cache write inside the QKV GEMV
+    too, and the top-k inside the router GEMV (`triton_router_epilogue`) or in every expert program
+    (`triton_expert_prologue`)."""
     spec = PRESETS[preset] if isinstance(preset, str) else preset
     options = {**best_options(spec), "gemv": "triton_fused", "fused_qkv": True}
-    if epilogues:
-        options |= {"rope": "triton_qkv_epilogue", "routing": "triton_router_epilogue"}
+    if routing is not None:
+        options |= {"rope": "triton_qkv_epilogue", "routing": routing}
     source = render("fast", options)
     check(source.replace("FUSED_ROWS = 1\n", "FUSED_ROWS = 3\n"), preset, tmp_path, gen)

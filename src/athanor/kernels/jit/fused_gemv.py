@@ -29,7 +29,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from athanor.kernels.jit.moe import route_row
+from athanor.kernels.jit.moe import route_choice, route_row
 from athanor.kernels.jit.rope import rope_head
 from athanor.kernels.jit.tickets import last_of_group
 
@@ -224,11 +224,13 @@ fused_gemv_route_tuned = triton.autotune(configs=_configs(), key=["M", "N", "K",
 
 @triton.jit
 def expert_gemv_kernel(
-    X, X2, W, W2, IDS, TOPW, NW, R, Y, WS, TICKETS,
-    N, N2, K, eps,
-    x_s0, w_se, w_sn, w2_se, w2_sn, r_s0, y_s0,
+    X, X2, W, W2, IDS, TOPW, NW, R, Y, WS, TICKETS, RB,
+    N, N2, K, E, eps,
+    x_s0, w_se, w_sn, w2_se, w2_sn, r_s0, y_s0, ids_s0,
     SHARED: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr, SUM: tl.constexpr, RESIDUAL: tl.constexpr,
     TOP_K: tl.constexpr, SETTLED: tl.constexpr,
+    ROUTE: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
     """A few tokens' routed experts, their ids read on the device: grid (strips of N + N2, tokens * TOP_K).
@@ -241,8 +243,13 @@ def expert_gemv_kernel(
     reduced like split-K, each partial scaled by its routing weight TOPW[p] in fp32, and the last one
     writes the token's row of Y [tokens, N], plus the residual under RESIDUAL.
 
+    ROUTE: IDS is the router's logits [tokens, E] (row stride ids_s0), not ids: the program ranks its token's E
+    logits itself and takes its choice's expert and weight (`route_choice`: what the routing kernel would have
+    stored), so routing needs no launch of its own.
+
     PDL: the program waits for the previous kernel before reading the ids (they come from the routing
-    kernel), unless SETTLED (see `expert_gemv`): then it reads them and its first weight tile first.
+    kernel, or the logits from the router's GEMV), unless SETTLED (see `expert_gemv`): then it reads them and
+    its first weight tile first.
     Either way it lets the next kernel start right after its wait, so a SETTLED launch after this one
     finds every kernel before this one finished."""
     if PDL and not SETTLED:
@@ -254,7 +261,12 @@ def expert_gemv_kernel(
     second = pid_n >= strips1
     col = (pid_n - strips1 * second.to(tl.int32)) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = col < tl.where(second, N2, N)
-    e = tl.load(IDS + pair, cache_modifier=".cg").to(tl.int64)  # from L2: written by another launch
+    if ROUTE:
+        e, route_w = route_choice(IDS + token * ids_s0, RB, pair % TOP_K, E, TOP_K, SOFTMAX, RENORM, HAS_BIAS,
+                                  BLOCK_E, CHUNK)
+        e = e.to(tl.int64)
+    else:
+        e = tl.load(IDS + pair, cache_modifier=".cg").to(tl.int64)  # from L2: written by another launch
     w_rows = tl.where(second, W2 + e * w2_se + col[:, None].to(tl.int64) * w2_sn,
                       W + e * w_se + col[:, None].to(tl.int64) * w_sn)
     rk = tl.arange(0, BLOCK_K)
@@ -276,7 +288,10 @@ def expert_gemv_kernel(
         acc = _tile(acc, w, ks, K, X + row * x_s0, X2 + row * x_s0, NW, 1, 0, 0, rstd, rm, NORM, SILU, 1)
     mask = n_mask[None, :]
     if SUM:
-        acc *= tl.load(TOPW + pair)
+        if ROUTE:
+            acc *= route_w
+        else:
+            acc *= tl.load(TOPW + pair)
         strips = tl.num_programs(0)
         tile = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
         tl.store(WS + pair * strips * BLOCK_N + tile, acc)
@@ -298,6 +313,6 @@ def _expert_configs() -> list[triton.Config]:
 
 
 expert_gemv_tuned = triton.autotune(configs=_expert_configs(),
-                                    key=["N", "N2", "K", "SHARED", "NORM", "SILU", "SUM", "TOP_K", "SETTLED", "PDL"])(
+                                    key=["N", "N2", "K", "SHARED", "NORM", "SILU", "SUM", "TOP_K", "SETTLED", "ROUTE", "PDL"])(
     expert_gemv_kernel)
 """`expert_gemv_kernel` with blocks chosen per shape on the GPU."""

@@ -51,6 +51,25 @@ def route_kernel(
 def route_row(ROW, BIAS, IDS, WEIGHTS, E, TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr,
               HAS_BIAS: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr):
     """One token's routing: its E logits at ROW -> its top-k ids and weights at IDS, WEIGHTS (see `route_kernel`)."""
+    e, rank, chosen, weights = _ranked(ROW, BIAS, E, TOP_K, SOFTMAX, RENORM, HAS_BIAS, BLOCK_E, CHUNK)
+    tl.store(IDS + rank, e.to(tl.int64), mask=chosen)
+    tl.store(WEIGHTS + rank, weights, mask=chosen)
+
+
+@triton.jit
+def route_choice(ROW, BIAS, choice, E, TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr):
+    """(expert id, weight) of one token's choice-th pick (0 = the highest) from its E logits at ROW: what
+    `route_row` stores at IDS[choice], WEIGHTS[choice], for a program that needs only that pick."""
+    e, rank, chosen, weights = _ranked(ROW, BIAS, E, TOP_K, SOFTMAX, RENORM, HAS_BIAS, BLOCK_E, CHUNK)
+    mine = chosen & (rank == choice)
+    return tl.sum(tl.where(mine, e, 0), axis=0), tl.sum(tl.where(mine, weights, 0.0), axis=0)
+
+
+@triton.jit
+def _ranked(ROW, BIAS, E, TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr,
+            BLOCK_E: tl.constexpr, CHUNK: tl.constexpr):
+    """(experts, their ranks, which are chosen, their routing weights), each [BLOCK_E], for the E logits at ROW."""
     e = tl.arange(0, BLOCK_E)
     e_mask = e < E
     m = 0.0
@@ -70,8 +89,7 @@ def route_row(ROW, BIAS, IDS, WEIGHTS, E, TOP_K: tl.constexpr, SOFTMAX: tl.const
     weights = scores
     if RENORM:
         weights = weights / tl.sum(tl.where(chosen, scores, 0.0), axis=0)
-    tl.store(IDS + rank, e.to(tl.int64), mask=chosen)
-    tl.store(WEIGHTS + rank, weights, mask=chosen)
+    return e, rank, chosen, weights
 
 
 @triton.jit

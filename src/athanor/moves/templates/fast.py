@@ -22,6 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from athanor.kernels import (
     KVWrite,
+    RouterLogits,
     add_rms_norm,
     decode_attention,
     decode_attention_flex,
@@ -390,14 +391,20 @@ class FastForward:
         if layer.has_mlp:  # a shared expert: the general path
             return h + self._mlp(i, layer, rms_norm(h, layer.mlp_norm, self.eps, impl=impl("rmsnorm")))
         # The block's RMSNorm is done inside the router's GEMV and again inside the experts' gate/up GEMV.
+        topk_ids: Tensor | RouterLogits
+        topk_weights: Tensor | RouterLogits
         if OPTIONS["routing"] == "triton_router_epilogue":  # the top-k inside the router's GEMV
             topk_ids, topk_weights = router_topk(h, layer.router, layer.mlp_norm, self.eps, moe.top_k, moe.scoring,
                                                  moe.renormalize, layer.router_bias)
         else:
             logits = fused_linear(h, layer.router, norm_weight=layer.mlp_norm, eps=self.eps)
-            topk_ids, topk_weights = route_kernel(logits, moe.top_k, moe.scoring, moe.renormalize, layer.router_bias,
-                                                  impl=impl("routing"))
+            router = RouterLogits(logits, moe.top_k, moe.scoring, moe.renormalize, layer.router_bias)
+            if OPTIONS["routing"] == "triton_expert_prologue" and self.routing_observer is None:
+                topk_ids = topk_weights = router  # each expert program ranks the logits itself
+            else:
+                topk_ids, topk_weights = router.route(impl=impl("routing"))
         if self.routing_observer is not None:
+            assert isinstance(topk_ids, Tensor)
             self.routing_observer(i, topk_ids)
         gate_up_w = layer.experts_gate_up
         w, w2 = gate_up_w if isinstance(gate_up_w, tuple) else (gate_up_w, None)
