@@ -14,8 +14,8 @@ verdict is kept in a store under --out. Figures:
   is the slow tier's best (the candidate the slow tier would have crowned);
 - equal budget (`--budget`, default 8 minutes), replayed from the measured wall times of these very
   evaluations in proposal order: "fast + slow" screens every candidate on the fast tier and
-  confirms, best projected cost first, those it forwarded, keeping `CompileConfig.reserve_s` for
-  confirming; "slow only" evaluates candidates on the slow tier until the budget is spent. Each tier's
+  confirms, best projected cost first, those it forwarded, keeping what `athanor compile` keeps
+  for confirming (`replay_reserve`); "slow only" evaluates candidates on the slow tier until the budget is spent. Each tier's
   engines start before its first evaluation, timed apart (`startup.json` in the run directory, one entry
   per call), and each strategy is charged the start of the engines it uses once, as one run pays it: a run
   split into device calls would otherwise pay it in the first evaluation of every call. Reported:
@@ -70,6 +70,7 @@ from athanor.engine.candidate import Candidate, baseline_candidate
 from athanor.evaluate import EvaluateConfig, Evaluator, Verdict
 from athanor.evaluate.timing import worth_confirming
 from athanor.loop.config import CompileConfig
+from athanor.loop.reserve import reserve_from
 from athanor.model.registry import load_spec
 from athanor.store import EvaluationRecord, open_store
 
@@ -136,13 +137,23 @@ def _record_startup(run_dir: Path, device: str, fast_s: float, slow_s: float) ->
     (run_dir / STARTUP_FILE).write_text(json.dumps(calls, indent=1))
 
 
+def replay_reserve(rows: list[dict[str, Any]], config: CompileConfig, startup: dict[str, float] | None) -> float:
+    """The reserve `athanor compile` keeps for confirming on a machine that has confirmed this model before
+    (`athanor.loop.reserve`): from first confirmations that cost the slow tier's start plus one slow-tier evaluation
+    timed to the end, as each of these rows' did. The device's default where no row has one yet."""
+    start = (startup or {}).get("slow", 0.0)
+    walls = [start + r["slow_wall_s"] for r in rows if r["slow_stage"] in ("accepted", "slow")]
+    return config.reserve_s(reserve_from(walls))
+
+
 def equal_budget(rows: list[dict[str, Any]], budget_s: float, reserve_s: float,
                  startup: dict[str, float] | None = None) -> dict[str, Any]:
     """Both strategies replayed from the measured wall times, candidates in proposal order, each charged once
     the start of the engines it uses (`startup`, seconds per tier), as one `athanor compile` is: fast + slow
     starts the fast tier's before screening and the slow tier's when it begins confirming, slow only the slow
     tier's. A replay that reaches a candidate with no slow-tier verdict stops there and names it in
-    `needs_slow` (the run then evaluates it and replays again)."""
+    `needs_slow` (the run then evaluates it and replays again). `within_budget`: fast + slow ended by the
+    budget (its first confirmation runs whatever it costs, so a reserve too small shows here)."""
     start = startup or {"fast": 0.0, "slow": 0.0}
     needs: list[str] = []
     spent, screened, accepted = start["fast"], 0, []
@@ -179,7 +190,7 @@ def equal_budget(rows: list[dict[str, Any]], budget_s: float, reserve_s: float,
             slow_winner = r
     return {
         "budget_s": budget_s, "reserve_s": reserve_s, "startup_s": start,
-        "fast_slow": {"screened": screened, "confirmed": confirmed, "wall_s": spent,
+        "fast_slow": {"screened": screened, "confirmed": confirmed, "wall_s": spent, "within_budget": spent <= budget_s,
                       "winner": winner["candidate_id"] if winner else None,
                       "winner_slow_speedup": winner["slow_speedup"] if winner else None},
         "slow_only": {"evaluated": slow_done, "wall_s": slow_spent,
@@ -188,6 +199,26 @@ def equal_budget(rows: list[dict[str, Any]], budget_s: float, reserve_s: float,
         "screened_ratio": screened / max(slow_done, 1),
         "needs_slow": needs,
     }
+
+
+def replay_file(path: Path, budget_s: float, out: Path) -> int:
+    """The equal-budget replay of a recorded run's rows (its measured walls and engine starts) under this code's
+    rules: a figure of those measurements, not a new one; the record names the file and its commit."""
+    recorded = json.loads(path.read_text())
+    rows, startup = recorded["candidates"], recorded["equal_budget"]["startup_s"]
+    config = CompileConfig(model=recorded["model"], device=recorded["device"], budget_s=budget_s)
+    record = {"benchmark": "tiers-replay", "replayed": str(path), "recorded_environment": recorded.get("environment"),
+              "equal_budget": equal_budget(rows, budget_s, replay_reserve(rows, config, startup), startup),
+              "equal_budget_default_reserve": equal_budget(rows, budget_s, config.reserve_s(), startup)}
+    written = write(record, out / f"{path.stem}_replayed.json")
+    for name in ("equal_budget", "equal_budget_default_reserve"):
+        eb = record[name]
+        print(f"{name}: {eb['reserve_s']:.1f} s kept to confirm: fast+slow screens {eb['fast_slow']['screened']} in "
+              f"{eb['fast_slow']['wall_s']:.0f} s (within budget: {eb['fast_slow']['within_budget']}, winner "
+              f"{eb['fast_slow']['winner']}), slow only evaluates {eb['slow_only']['evaluated']}: "
+              f"{eb['screened_ratio']:.2f}x")
+    print(f"-> {written}")
+    return 0
 
 
 def _line(r: dict[str, Any]) -> str:
@@ -229,7 +260,11 @@ def main() -> int:
     ap.add_argument("--resume", action="store_true", help="continue the run in --run-dir")
     ap.add_argument("--report", action="store_true", help="only write the figures of the run in --run-dir")
     ap.add_argument("--time-limit", type=float, default=0.0, help="start no candidate after this many seconds")
+    ap.add_argument("--replay", default="", help="only replay the equal budget of a tiers JSON's measured rows "
+                                                 "under the current reserve rule (writes *_replayed.json)")
     args = ap.parse_args()
+    if args.replay:
+        return replay_file(Path(args.replay), args.budget, Path(args.out))
     if (args.resume or args.report) and not args.run_dir:
         ap.error("--resume and --report need --run-dir")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -322,7 +357,7 @@ def main() -> int:
         def confirm_for_replay() -> None:
             """Evaluate on the slow tier the candidates past --slow-first that the replay confirms."""
             startup = startup_figures(run_dir)  # the lanes have recorded theirs; confirming adds none
-            replay = equal_budget(rows, args.budget, config.reserve_s, startup)
+            replay = equal_budget(rows, args.budget, replay_reserve(rows, config, startup), startup)
             if not replay["needs_slow"]:
                 return
             with Evaluator(config.evaluate_config("slow")) as slow:
@@ -338,7 +373,7 @@ def main() -> int:
                     fast_record = next(ev for ev in store.evaluations(run.id, candidate_id=cid) if ev.tier == "fast")
                     rows[k] = _row(cid, cand.description, fast_record, record)
                     print(f"confirmed for the replay: {_line(rows[k])}", file=sys.stderr, flush=True)
-                    replay = equal_budget(rows, args.budget, config.reserve_s, startup)
+                    replay = equal_budget(rows, args.budget, replay_reserve(rows, config, startup), startup)
 
         if not args.report:
             with ThreadPoolExecutor(len(devices)) as pool:
@@ -357,7 +392,9 @@ def main() -> int:
               "slow_first": slow_first,
               "evaluations_s": sum(r["fast_wall_s"] + (r["slow_wall_s"] if _on_slow(r) else 0.0) for r in rows),
               "candidates": rows, **figures(rows),
-              "equal_budget": equal_budget(rows, args.budget, config.reserve_s, startup)}
+              "equal_budget": equal_budget(rows, args.budget, replay_reserve(rows, config, startup), startup),
+              # what a first run on a machine keeps (no confirmation recorded yet)
+              "equal_budget_default_reserve": equal_budget(rows, args.budget, config.reserve_s(), startup)}
     path = write(record, Path(args.out) / f"tiers_{args.model}_{args.device}.json")
     eb = record["equal_budget"]
     print(f"\n{len(rows)} candidates, {record['on_both']} on both tiers, {record['timed_on_both']} timed on both"
@@ -368,7 +405,10 @@ def main() -> int:
           f"{eb['fast_slow']['winner_slow_speedup'] or float('nan'):.3f}), slow only evaluates "
           f"{eb['slow_only']['evaluated']} (winner x{eb['slow_only']['winner_slow_speedup'] or float('nan'):.3f}):"
           f" {eb['screened_ratio']:.1f}x (target >= 5x); engine start charged once per tier: fast "
-          f"{eb['startup_s']['fast']:.0f} s, slow {eb['startup_s']['slow']:.0f} s")
+          f"{eb['startup_s']['fast']:.0f} s, slow {eb['startup_s']['slow']:.0f} s; {eb['reserve_s']:.0f} s kept to "
+          f"confirm, fast+slow used {eb['fast_slow']['wall_s']:.0f} s; with the default "
+          f"{record['equal_budget_default_reserve']['reserve_s']:.0f} s: "
+          f"{record['equal_budget_default_reserve']['screened_ratio']:.1f}x")
     return 0
 
 

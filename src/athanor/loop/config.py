@@ -11,6 +11,7 @@ from athanor.agents.config import AgentsConfig
 from athanor.errors import ConfigError
 from athanor.evaluate import EvaluateConfig, QualityBudget
 from athanor.loop.memory import MemoryPlan, device_bytes, plan_engine_slots
+from athanor.loop.reserve import confirmation_key
 from athanor.model.device import resolve_dtype
 from athanor.model.registry import load_spec
 
@@ -122,7 +123,13 @@ class CompileConfig:
         return plan_engine_slots(spec, itemsize, (self.fast_tier_layers, spec.num_layers), self.engine_max_seq_len,
                                  device_bytes(self.device), 64)
 
+    def reserve_s(self, measured: float | None = None) -> float:
+        """Seconds of the budget kept for confirming on the slow tier (at most 40% of it): `confirm_reserve_s` when
+        set, else `measured` (what this machine's earlier confirmations cost: `athanor.loop.reserve`), else the
+        device's default."""
+        return min(self.confirm_reserve_s or measured or (75.0 if self.on_cpu else 120.0), 0.4 * self.budget_s)
+
     @property
-    def reserve_s(self) -> float:
-        """Seconds of the budget kept for confirming on the slow tier (at most 40% of it)."""
-        return min(self.confirm_reserve_s or (75.0 if self.on_cpu else 120.0), 0.4 * self.budget_s)
+    def confirmation_key(self) -> str:
+        """Under what this run's confirmations are recorded (`athanor.loop.reserve`)."""
+        return confirmation_key(self.model, self.device, self.dtype, load_spec(self.model).num_layers)

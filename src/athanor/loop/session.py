@@ -31,6 +31,7 @@ from athanor.evaluate import Evaluator, QualityBudget, Verdict
 from athanor.evaluate.timing import worth_confirming
 from athanor.loop.config import CompileConfig
 from athanor.loop.report import write_report
+from athanor.loop.reserve import measured_reserve, record_confirmation
 from athanor.serve.candidates import load_candidate_dir
 from athanor.store import EvaluationRecord, Store, open_store
 from athanor.traffic import TrafficProfile, load_profile
@@ -154,13 +155,17 @@ class Session:
         interrupted = False
         fast = Evaluator(cfg.evaluate_config("fast"))
         slow = Evaluator(cfg.evaluate_config("slow"))
+        measured = measured_reserve(cfg.confirmation_key)
+        reserve = cfg.reserve_s(measured)
         try:
             self.emit(f"run {self.run_id}: {cfg.model} on {cfg.device}, traffic {cfg.traffic}, "
-                      f"budget {cfg.budget_s:.0f} s, agents {', '.join(a.name for a in self.agents)}"
+                      f"budget {cfg.budget_s:.0f} s ({reserve:.0f} s kept to confirm"
+                      + (", as this machine's last confirmations cost" if measured and not cfg.confirm_reserve_s else "")
+                      + f"), agents {', '.join(a.name for a in self.agents)}"
                       + (f", quality mode ({precision_flags(cfg.precision)})" if cfg.quality is not None else "")
                       + (f", against incumbent {self.baseline.id} ({cfg.incumbent})" if self.incumbent else "")
                       + (f"; {cfg.gpu_plan.describe()}" if not cfg.on_cpu and not cfg.max_seqs else ""))
-            self._search(fast, deadline - cfg.reserve_s)
+            self._search(fast, deadline - reserve)
             self._confirm(slow, deadline, fast.config.margin)
         except KeyboardInterrupt:
             interrupted = True
@@ -222,12 +227,16 @@ class Session:
                          not in self.slow_verdicts), key=lambda v: v.gpu_s_per_1k_requests)
         if not ranked:
             self.emit("no candidate passed the fast tier's screen: nothing to confirm")
-        for verdict in ranked:
+        for i, verdict in enumerate(ranked):
             # The first confirmation always runs (a session without one has no verified result).
             if self.slow_verdicts and time.monotonic() >= deadline:
                 break
             cand = self.sources[verdict.candidate_id]
+            started = time.monotonic()
             slow_verdict = slow.evaluate(cand, self.baseline)
+            # The first one started the slow tier's engines: with its timing done, it is what a reserve must hold.
+            if i == 0 and any(stage == "slow" for stage, _ in slow_verdict.stages):
+                record_confirmation(self.config.confirmation_key, time.monotonic() - started)
             self.slow_verdicts[cand.id] = slow_verdict
             record = self.store.record_verdict(self.run_id, slow_verdict.to_dict(), tier="slow")
             for a in self.agents:

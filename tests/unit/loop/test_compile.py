@@ -15,6 +15,7 @@ from athanor.cli import main
 from athanor.errors import ConfigError
 from athanor.evaluate import EvaluateConfig, Evaluator, QualityBudget
 from athanor.loop import CompileConfig, compile_session
+from athanor.loop.reserve import measured_reserve
 from athanor.store import open_store
 
 
@@ -24,9 +25,12 @@ def _config(out: Path, **kw) -> CompileConfig:
 
 
 @pytest.mark.timing  # its verdict rests on measured speed: run alone (Makefile `test`)
-def test_the_whole_loop_on_a_tiny_preset(tmp_path: Path) -> None:
+def test_the_whole_loop_on_a_tiny_preset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ATHANOR_CACHE", str(tmp_path / "cache"))  # where the confirmation's cost is recorded
     events: list[str] = []
-    report = compile_session(_config(tmp_path / "run"), on_event=events.append)
+    config = _config(tmp_path / "run")
+    report = compile_session(config, on_event=events.append)
+    assert f"({config.reserve_s():.0f} s kept to confirm)" in events[0]  # nothing recorded before: the default
     data = json.loads((tmp_path / "run" / "report.json").read_text())
     assert data["run_id"] == report.run_id and data["verified"] == report.verified
     assert data["candidates_evaluated"]["per_agent"].get("variant", 0) >= 1
@@ -38,6 +42,10 @@ def test_the_whole_loop_on_a_tiny_preset(tmp_path: Path) -> None:
         evaluations = store.evaluations(report.run_id)
         assert len(evaluations) == sum(data["candidates_evaluated"]["per_tier"].values())
         assert all(ev.stage for ev in evaluations)
+        # A first confirmation timed to the end is recorded: the next run's reserve is what it cost.
+        slow = [ev for ev in evaluations if ev.tier == "slow"]
+        timed = bool(slow) and "slow" in dict(slow[0].figures.get("stages", []))
+    assert (measured_reserve(config.confirmation_key) is not None) == timed
     if report.verified:
         winner = tmp_path / "run" / "winner"
         assert (winner / "candidate.py").is_file() and (winner / "manifest.json").is_file()

@@ -51,3 +51,22 @@ def test_startup_figures_are_the_median_over_calls(tmp_path: Path) -> None:
     for fast, slow in ((8.0, 10.0), (11.0, 14.0), (9.0, 12.0)):
         tiers._record_startup(tmp_path, "cuda", fast, slow)
     assert tiers.startup_figures(tmp_path) == {"fast": 9.0, "slow": 12.0}
+
+
+def test_the_replay_keeps_what_compile_would_after_confirming_here() -> None:
+    """The reserve is the slow tier's start plus a measured slow-tier evaluation (median, with the margin), not the
+    constant: so the screen holds more, and fast + slow still ends within the budget."""
+    from athanor.loop.config import CompileConfig
+    from athanor.loop.reserve import MARGIN
+
+    tiers = _tiers()
+    rows = [_row(i, 10.0, 50.0 + i % 3) for i in range(40)]
+    startup = {"fast": 25.0, "slow": 40.0}
+    config = CompileConfig(model="tiny-dense", device="cuda", budget_s=480.0)
+    reserve = tiers.replay_reserve(rows, config, startup)
+    assert reserve == MARGIN * (40.0 + 51.0)
+    replay = tiers.equal_budget(rows, 480.0, reserve, startup)
+    assert replay["fast_slow"]["screened"] > tiers.equal_budget(rows, 480.0, config.reserve_s(), startup)["fast_slow"]["screened"]
+    assert replay["fast_slow"]["within_budget"]
+    assert not tiers.equal_budget(rows, 480.0, 10.0, startup)["fast_slow"]["within_budget"]  # too small: runs over
+    assert tiers.replay_reserve([_row(0, 10.0, 50.0) | {"slow_stage": "not run"}], config, startup) == 120.0
