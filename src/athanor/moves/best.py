@@ -12,8 +12,11 @@ H200 (llama-3.2-1b 0.955 vs 0.938 ms, qwen3-30b-a3b 2.835 vs 2.753 ms; alone, 6.
 stream (a guess, not measured). `rope` is the QKV GEMV's RoPE epilogue (the last strip of each head rotates it
 and writes the cache: one launch fewer a layer) for dense models: on the H200 at batch 1, triggering the next
 launch after its weight stream, llama-3.1-8b 4.237 vs 4.261 ms and llama-3.2-1b 0.932 vs 0.934 ms against the
-separate RoPE kernel (11981a0). MoE keeps the separate RoPE and routing kernels: with both epilogues
-qwen3-30b-a3b took 2.935 vs 2.857 ms (the router GEMV's serial top-k tail; not separated from RoPE's).
+separate RoPE kernel (11981a0); and for MoE: qwen3-30b-a3b 2.740, 2.741, 2.740 vs 2.771, 2.774, 2.777 ms (alternating,
+one call; `bench/results/qwen3-rope-epilogue/`). MoE keeps the separate routing kernel: with the router's epilogue
+too qwen3-30b-a3b took 2.935 vs 2.857 ms (the router GEMV's serial top-k tail), and with the routing in the expert
+GEMVs (`triton_expert_prologue`) 2.884 vs 2.740 ms (every program ranks the 128 logits before its first weight
+load, once per wave of programs; `bench/results/expert-routing/`).
 `merge_early` (the attention merge lets the O projection launch after its wait) for dense models only: llama-3.2-1b
 0.900 vs 0.912 ms, llama-3.1-8b 4.229 vs 4.260 ms (`bench/results/merge-early/`), qwen3-30b-a3b 2.991 vs 2.903 ms
 (`bench/results/attention-merge/`).
@@ -62,8 +65,8 @@ def best_options(spec: ModelSpec, device: str = "cuda", lossy: bool = False) -> 
     options = dict(BEST_CUDA if device.startswith("cuda") else BEST_CPU)
     if spec.moe is not None:
         options["fused_gate_up"] = False
-        if device.startswith("cuda"):  # the epilogues and the early merge measured slower on qwen3-30b-a3b
-            options["rope"], options["routing"], options["merge_early"] = "triton_fused_cache", "triton", False
+        if device.startswith("cuda"):  # the router's epilogue and the early merge measured slower on qwen3-30b-a3b
+            options["routing"], options["merge_early"] = "triton", False
     if lossy:
         options["linear_dtype"] = "bfloat16"
     return options
