@@ -377,9 +377,9 @@ def test_router_topk_bf16_in_a_graph(dev):
 
 def test_expert_gemv_routes_itself_bf16_in_a_graph(dev):
     """The expert GEMVs ranking the router's logits themselves (qwen3-30b-a3b: 128 experts, top 8, 2048 -> 768),
-    captured and replayed with new logits: the gate/up rows of the routing kernel's ids exactly (same experts, same
-    programs), the weighted down sum within bf16 rounding (its weights are the routing kernel's up to the order of
-    one fp32 sum)."""
+    captured and replayed with new logits: the gate/up rows and the weighted down sum of the routing kernel's ids and
+    weights, within bf16 rounding (the two launches are tuned apart, and another BLOCK_K sums in another order; a
+    wrong expert's row would differ by its whole size)."""
     from athanor.kernels import RouterLogits, expert_gemv, route
 
     bf = {"device": dev, "dtype": torch.bfloat16}
@@ -406,7 +406,7 @@ def test_expert_gemv_routes_itself_bf16_in_a_graph(dev):
         logits.copy_(torch.randn_like(logits))
         for graph in graphs:
             graph.replay()
-        assert torch.equal(outs[0][0], outs[1][0])
+        torch.testing.assert_close(outs[0][0], outs[1][0], **BF16)
         torch.testing.assert_close(outs[0][1], outs[1][1], **BF16)
     print(f"expert_gemv routing itself: {_ms(graphs[0].replay) * 1e3:.1f} us, route kernel + expert_gemv "
           f"{_ms(graphs[1].replay) * 1e3:.1f} us")
