@@ -23,3 +23,11 @@ for k, v in config.cache_env().items(): print(f"export {k}={v}")')"
 if [ -f .compile_cache/compile_cache.tgz ]; then
   mkdir -p "$COMPILE_CACHE" && tar xzf .compile_cache/compile_cache.tgz -C "$COMPILE_CACHE" && echo "compiler caches restored"
 fi
+
+# The candidate files of an A/B (see bench/gpu_qwen3_rope.sh):
+variant() {  # variant FILE MODEL KEY=VALUE...: the model's best-known options with some changed
+  python3 -c 'import sys; from athanor.moves import best_options, render; from athanor.model.presets import PRESETS
+opts = best_options(PRESETS[sys.argv[1]])
+opts.update(dict(a.split("=", 1) for a in sys.argv[2:]))
+print(render("fast", opts))' "${@:2}" > "$1"
+}

@@ -14,12 +14,6 @@ grep -E "passed|failed|FAILED|Error|expert_gemv routing|router_topk 128" "$OUT/g
 routing=${ROUTING:-.routing/qwen3-30b-a3b_gsm8k_en.json}
 [ -f "$routing" ] || routing=""
 mkdir -p /tmp/q /tmp/d
-variant() {  # variant NAME MODEL KEY=VALUE...: the model's best-known options with some changed
-  python3 -c 'import sys; from athanor.moves import best_options, render; from athanor.model.presets import PRESETS
-opts = best_options(PRESETS[sys.argv[1]])
-opts.update(dict(a.split("=", 1) for a in sys.argv[2:]))
-print(render("fast", opts))' "${@:2}" > "$1"
-}
 variant /tmp/q/best.py qwen3-30b-a3b
 variant /tmp/q/prologue.py qwen3-30b-a3b routing=triton_expert_prologue
 variant /tmp/q/rope_epilogue.py qwen3-30b-a3b rope=triton_qkv_epilogue

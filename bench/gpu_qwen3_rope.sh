@@ -9,12 +9,6 @@ source "$(dirname "$0")/_gpu_env.sh"
 routing=${ROUTING:-.routing/qwen3-30b-a3b_gsm8k_en.json}
 [ -f "$routing" ] || routing=""
 mkdir -p /tmp/q /tmp/d
-variant() {  # variant FILE MODEL KEY=VALUE...: the model's best-known options with some changed
-  python3 -c 'import sys; from athanor.moves import best_options, render; from athanor.model.presets import PRESETS
-opts = best_options(PRESETS[sys.argv[1]])
-opts.update(dict(a.split("=", 1) for a in sys.argv[2:]))
-print(render("fast", opts))' "${@:2}" > "$1"
-}
 cells=""
 for r in 1 2 3; do
   variant /tmp/q/separate_$r.py qwen3-30b-a3b

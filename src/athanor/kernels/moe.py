@@ -247,12 +247,11 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits, *, w2: Te
     the launch just before this one, and that launch is an `expert_gemv` (the gate/up call before the
     down call): the kernel then reads the ids and its first weight tile before waiting for that launch.
     """
-    router = topk_ids if isinstance(topk_ids, RouterLogits) else None
-    assert router is None or topk_weights is None or topk_weights is router, "weights from the same logits"
     if isinstance(topk_ids, RouterLogits):
-        t, k = topk_ids.logits.shape[0], topk_ids.top_k
+        router, t, k = topk_ids, topk_ids.logits.shape[0], topk_ids.top_k
+        assert topk_weights is None or topk_weights is router, "the weights come from the same logits"
     else:
-        t, k = topk_ids.shape
+        router, (t, k) = None, topk_ids.shape
     shared = x.shape[0] == t and up is None
     assert norm_weight is None or shared, "the norm prologue is for the token's shared input"
     if t > MAX_EXPERT_GEMV_TOKENS or not use_triton(x, impl):
