@@ -186,7 +186,8 @@ def _workspace(m: int, n: int, device: torch.device) -> Tensor:
 
 def _launch(kernel: Any, tuned: Any, args: tuple[Any, ...], flags: dict[str, Any], m: int, n: int, k: int,
             early: bool = PDL_EARLY) -> None:
-    """A fused-GEMV kernel on its grid: autotuned on the GPU; on the CPU interpreter with fixed small blocks and
+    """A fused-GEMV kernel on its grid: on the GPU with the config pinned for its shape (`jit.pinned`) or autotuned;
+    on the CPU interpreter with fixed small blocks and
     split-K on for long K, so the tests' small shapes take the split path too (timing configs there measures
     nothing). `early`: trigger the next kernel's launch at the start (see `dispatch.PDL_EARLY`)."""
     flags = {**flags, "BLOCK_M": next_pow2(m), **pdl(args[0]), "EARLY": early}
@@ -194,4 +195,10 @@ def _launch(kernel: Any, tuned: Any, args: tuple[Any, ...], flags: dict[str, Any
         split = 3 if k >= 192 else 1
         kernel[(cdiv(n, 16), split)](*args, **flags, BLOCK_N=16, BLOCK_K=64, SPLIT_K=split)
     else:
-        tuned[lambda meta: (cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](*args, **flags)
+        from athanor.kernels.jit.pinned import launch_pinned
+
+        def grid(meta: dict[str, int]) -> tuple[int, int]:
+            return cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"]
+
+        if not launch_pinned(kernel, tuned, grid, args, flags):  # a shape measured in the step, else autotuned
+            tuned[grid](*args, **flags)

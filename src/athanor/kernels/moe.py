@@ -310,5 +310,11 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits, *, w2: Te
         grid = (cdiv(n, block) + cdiv(n2, block), t * k)
         expert_gemv_kernel[grid](*args, **flags, BLOCK_N=block, BLOCK_K=32)
     else:
-        expert_gemv_tuned[lambda meta: (cdiv(n, meta["BLOCK_N"]) + cdiv(n2, meta["BLOCK_N"]), t * k)](*args, **flags)
+        from athanor.kernels.jit.pinned import launch_pinned
+
+        def programs(meta: dict[str, int]) -> tuple[int, int]:
+            return cdiv(n, meta["BLOCK_N"]) + cdiv(n2, meta["BLOCK_N"]), t * k
+
+        if not launch_pinned(expert_gemv_kernel, expert_gemv_tuned, programs, args, flags):
+            expert_gemv_tuned[programs](*args, **flags)
     return y

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -197,7 +198,8 @@ def bench_decode(model_name: str, batch: int, context: int, candidate: str = "re
         if kernels and dev.type == "cuda":
             record.update(kernel_profile(lambda: runner.step(x, greedy=True), dev, step_us=1e6 * times,
                                          layers=spec.num_layers))
-        record["autotuned"] = autotuned_configs()
+        record["autotuned"] = autotuned_configs()  # the shapes the pinned table (jit.pinned) did not hold
+        record["pinned_configs"] = os.environ.get("ATHANOR_PINNED_CONFIGS", "1") != "0"
         engine._release(engine.residents.pop(reply.candidate_id))
         engine._cleanup()
     record["status"] = "ok"

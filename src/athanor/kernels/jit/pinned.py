@@ -1,0 +1,74 @@
+"""Configs of the fused-GEMV kernels measured in the whole decode step, per GPU, for the preset models' batch-1 shapes.
+
+Triton's autotuner times each config of a kernel alone, a few microseconds a launch, and its picks move from one
+process to the next: the same code read llama-3.2-1b 0.888 ms, llama-3.1-8b 4.163 ms and qwen3-30b-a3b 2.740 ms with
+one set of picks (850fc0c, the table below) and 0.931 / 4.206 / 3.107 ms with another (8d6e6cb, a fresh machine):
+the 1B's QKV + RoPE kernel 107 against 133 us a step, qwen3's expert gate/up 790 against 985 us
+(`bench/results/pinned-configs/`). Alone, a kernel neither waits on the one before nor shares the SMs with the next
+one's resident programs, as it does under PDL in the step. So a shape listed here for the GPU at hand, in bf16,
+launches with its config, as vLLM ships tuned MoE configs per GPU; every other shape, dtype or GPU is autotuned as
+before. `ATHANOR_PINNED_CONFIGS=0` turns the table off (for A/B runs, or to tune afresh).
+
+Keys are the autotuner's own (`tuned.keys`: M, N, K, then the kernel's flags, PDL and EARLY last); values
+(meta-parameters, num_warps, num_stages).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+Pin = tuple[dict[str, int], int, int]
+
+PINNED: dict[str, dict[str, dict[tuple[Any, ...], Pin]]] = {
+    "NVIDIA H200": {
+        "fused_gemv_kernel": {
+            (1, 5120, 2048, True, False, False, True, True): ({'BLOCK_N': 8, 'BLOCK_K': 1024, 'SPLIT_K': 1}, 4, 2),
+            (1, 2048, 4096, False, False, True, True, True): ({'BLOCK_N': 8, 'BLOCK_K': 512, 'SPLIT_K': 4}, 4, 3),
+            (1, 128, 2048, True, False, False, True, True): ({'BLOCK_N': 8, 'BLOCK_K': 512, 'SPLIT_K': 4}, 4, 3),
+            (1, 2048, 2048, False, False, True, True, True): ({'BLOCK_N': 8, 'BLOCK_K': 1024, 'SPLIT_K': 1}, 4, 2),
+            (1, 16384, 2048, True, False, False, True, True): ({'BLOCK_N': 16, 'BLOCK_K': 256, 'SPLIT_K': 1}, 4, 4),
+            (1, 2048, 8192, False, True, True, True, True): ({'BLOCK_N': 8, 'BLOCK_K': 512, 'SPLIT_K': 4}, 4, 3),
+            (1, 4096, 4096, False, False, True, True, True): ({'BLOCK_N': 8, 'BLOCK_K': 1024, 'SPLIT_K': 1}, 4, 2),
+            (1, 28672, 4096, True, False, False, True, True): ({'BLOCK_N': 4, 'BLOCK_K': 1024, 'SPLIT_K': 1}, 4, 3),
+            (1, 4096, 14336, False, True, True, True, True): ({'BLOCK_N': 32, 'BLOCK_K': 256, 'SPLIT_K': 4}, 4, 3),
+        },
+        "fused_gemv_rope_kernel": {
+            (1, 5120, 2048, True, True, False): ({'BLOCK_N': 8, 'BLOCK_K': 1024, 'SPLIT_K': 1}, 4, 2),
+            (1, 3072, 2048, False, True, False): ({'BLOCK_N': 8, 'BLOCK_K': 1024, 'SPLIT_K': 1}, 4, 2),
+            (1, 6144, 4096, False, True, False): ({'BLOCK_N': 8, 'BLOCK_K': 512, 'SPLIT_K': 1}, 4, 3),
+        },
+        "expert_gemv_kernel": {
+            (768, 768, 2048, True, True, False, False, 8, False, False, True): ({'BLOCK_N': 16, 'BLOCK_K': 256}, 4, 3),
+            (2048, 0, 768, False, False, True, True, 8, True, False, True): ({'BLOCK_N': 32, 'BLOCK_K': 256}, 4, 3),
+            (768, 768, 2048, True, True, False, False, 8, False, True, True): ({'BLOCK_N': 16, 'BLOCK_K': 256}, 4, 3),
+            (2048, 0, 768, False, False, True, True, 8, True, True, True): ({'BLOCK_N': 32, 'BLOCK_K': 256}, 4, 3),
+        },
+    },
+}
+
+
+@functools.cache
+def _gpu_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def launch_pinned(kernel: Any, tuned: Any, grid: Callable[[dict[str, int]], tuple[int, ...]], args: tuple[Any, ...],
+                  flags: dict[str, Any]) -> bool:
+    """Launch `kernel` with the config pinned for this GPU and shape, if there is one (then True); else launch
+    nothing and return False (the caller autotunes). `tuned` is the kernel's autotuner: its key names the shape."""
+    x = args[0]
+    if os.environ.get("ATHANOR_PINNED_CONFIGS", "1") == "0" or x.device.type != "cuda" or x.dtype != torch.bfloat16:
+        return False
+    table = PINNED.get(_gpu_name(x.device.index or 0), {}).get(kernel.__name__, {})
+    values = {**dict(zip(tuned.arg_names, args, strict=False)), **flags}
+    pin = table.get(tuple(values[name] for name in tuned.keys))
+    if pin is None:
+        return False
+    meta, num_warps, num_stages = pin
+    kernel[grid(meta)](*args, **flags, **meta, num_warps=num_warps, num_stages=num_stages)
+    return True
