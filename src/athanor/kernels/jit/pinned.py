@@ -64,7 +64,7 @@ def launch_pinned(kernel: Any, tuned: Any, grid: Callable[[dict[str, int]], tupl
     x = args[0]
     if os.environ.get("ATHANOR_PINNED_CONFIGS", "1") == "0" or x.device.type != "cuda" or x.dtype != torch.bfloat16:
         return False
-    table = PINNED.get(_gpu_name(x.device.index or 0), {}).get(kernel.__name__, {})
+    table = PINNED.get(_gpu_name(x.device.index or 0), {}).get(kernel.fn.__name__, {})  # the Python function's
     values = {**dict(zip(tuned.arg_names, args, strict=False)), **flags}
     pin = table.get(tuple(values[name] for name in tuned.keys))
     if pin is None:
