@@ -160,7 +160,9 @@ class Session:
         try:
             self.emit(f"run {self.run_id}: {cfg.model} on {cfg.device}, traffic {cfg.traffic}, "
                       f"budget {cfg.budget_s:.0f} s ({reserve:.0f} s kept to confirm"
-                      + (", as this machine's last confirmations cost" if measured and not cfg.confirm_reserve_s else "")
+                      + (f"; {measured:.0f} s by this machine's last confirmations" if measured and not cfg.confirm_reserve_s
+                         else "")
+                      + (", 40% of the budget at most" if reserve < (measured or 0.0) else "")
                       + f"), agents {', '.join(a.name for a in self.agents)}"
                       + (f", quality mode ({precision_flags(cfg.precision)})" if cfg.quality is not None else "")
                       + (f", against incumbent {self.baseline.id} ({cfg.incumbent})" if self.incumbent else "")
