@@ -78,6 +78,10 @@ def pdl(t: Tensor) -> dict[str, Any]:
     return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
 
 
+PINNED_CONFIGS = os.environ.get("ATHANOR_PINNED_CONFIGS", "1") != "0"
+"""Launch the shapes measured in the decode step with their pinned configs (`athanor.kernels.jit.pinned`) instead of
+autotuning them; ATHANOR_PINNED_CONFIGS=0 tunes every shape (for A/B runs)."""
+
 PDL_EARLY = os.environ.get("ATHANOR_PDL_EARLY", "1") != "0"
 """Under PDL, a fused GEMV triggers the next kernel's launch as soon as it starts, not after its weight
 stream: the next kernel's programs then wait resident (and issue their first weight loads) while it

@@ -187,9 +187,9 @@ def _workspace(m: int, n: int, device: torch.device) -> Tensor:
 def _launch(kernel: Any, tuned: Any, args: tuple[Any, ...], flags: dict[str, Any], m: int, n: int, k: int,
             early: bool = PDL_EARLY) -> None:
     """A fused-GEMV kernel on its grid: on the GPU with the config pinned for its shape (`jit.pinned`) or autotuned;
-    on the CPU interpreter with fixed small blocks and
-    split-K on for long K, so the tests' small shapes take the split path too (timing configs there measures
-    nothing). `early`: trigger the next kernel's launch at the start (see `dispatch.PDL_EARLY`)."""
+    on the CPU interpreter with fixed small blocks and split-K on for long K, so the tests' small shapes take the
+    split path too (timing configs there measures nothing). `early`: trigger the next kernel's launch at the start
+    (see `dispatch.PDL_EARLY`)."""
     flags = {**flags, "BLOCK_M": next_pow2(m), **pdl(args[0]), "EARLY": early}
     if interpreting():
         split = 3 if k >= 192 else 1

@@ -157,13 +157,14 @@ class Session:
         slow = Evaluator(cfg.evaluate_config("slow"))
         measured = measured_reserve(cfg.confirmation_key)
         reserve = cfg.reserve_s(measured)
+        why = ""
+        if measured and not cfg.confirm_reserve_s:
+            why = f"; {measured:.0f} s by this machine's last confirmations" + (
+                ", 40% of the budget at most" if reserve < measured else "")
         try:
             self.emit(f"run {self.run_id}: {cfg.model} on {cfg.device}, traffic {cfg.traffic}, "
-                      f"budget {cfg.budget_s:.0f} s ({reserve:.0f} s kept to confirm"
-                      + (f"; {measured:.0f} s by this machine's last confirmations" if measured and not cfg.confirm_reserve_s
-                         else "")
-                      + (", 40% of the budget at most" if reserve < (measured or 0.0) else "")
-                      + f"), agents {', '.join(a.name for a in self.agents)}"
+                      f"budget {cfg.budget_s:.0f} s ({reserve:.0f} s kept to confirm{why}), "
+                      f"agents {', '.join(a.name for a in self.agents)}"
                       + (f", quality mode ({precision_flags(cfg.precision)})" if cfg.quality is not None else "")
                       + (f", against incumbent {self.baseline.id} ({cfg.incumbent})" if self.incumbent else "")
                       + (f"; {cfg.gpu_plan.describe()}" if not cfg.on_cpu and not cfg.max_seqs else ""))

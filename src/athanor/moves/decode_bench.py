@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from athanor.errors import ConfigError
+from athanor.kernels.dispatch import PINNED_CONFIGS
 from athanor.model import Model, ModelSpec
 from athanor.model.spec import kv_cache_bytes
 
@@ -199,7 +199,7 @@ def bench_decode(model_name: str, batch: int, context: int, candidate: str = "re
             record.update(kernel_profile(lambda: runner.step(x, greedy=True), dev, step_us=1e6 * times,
                                          layers=spec.num_layers))
         record["autotuned"] = autotuned_configs()  # the shapes the pinned table (jit.pinned) did not hold
-        record["pinned_configs"] = os.environ.get("ATHANOR_PINNED_CONFIGS", "1") != "0"
+        record["pinned_configs"] = PINNED_CONFIGS
         engine._release(engine.residents.pop(reply.candidate_id))
         engine._cleanup()
     record["status"] = "ok"

@@ -63,6 +63,6 @@ def test_a_pinned_shape_launches_its_config_and_another_shape_is_left_to_the_aut
     assert (kwargs["num_warps"], kwargs["num_stages"], kwargs["NORM"]) == (4, 4, True)
     assert not pinned.launch_pinned(kernel, tuned, lambda meta: (1, 1), args(12288), flags)  # not measured
     assert not pinned.launch_pinned(kernel, tuned, lambda meta: (1, 1), args(16384, torch.float32), flags)
-    monkeypatch.setenv("ATHANOR_PINNED_CONFIGS", "0")
+    monkeypatch.setattr(pinned.dispatch, "PINNED_CONFIGS", False)  # as ATHANOR_PINNED_CONFIGS=0 sets it at import
     assert not pinned.launch_pinned(kernel, tuned, lambda meta: (1, 1), args(16384), flags)
     assert len(kernel.launches) == 1

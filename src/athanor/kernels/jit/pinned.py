@@ -16,11 +16,12 @@ Keys are the autotuner's own (`tuned.keys`: M, N, K, then the kernel's flags, PD
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from athanor.kernels import dispatch
 
 Pin = tuple[dict[str, int], int, int]
 
@@ -62,9 +63,11 @@ def launch_pinned(kernel: Any, tuned: Any, grid: Callable[[dict[str, int]], tupl
     """Launch `kernel` with the config pinned for this GPU and shape, if there is one (then True); else launch
     nothing and return False (the caller autotunes). `tuned` is the kernel's autotuner: its key names the shape."""
     x = args[0]
-    if os.environ.get("ATHANOR_PINNED_CONFIGS", "1") == "0" or x.device.type != "cuda" or x.dtype != torch.bfloat16:
+    if not dispatch.PINNED_CONFIGS or x.device.type != "cuda" or x.dtype != torch.bfloat16:
         return False
-    table = PINNED.get(_gpu_name(x.device.index or 0), {}).get(kernel.fn.__name__, {})  # the Python function's
+    table = PINNED.get(_gpu_name(x.device.index or 0), {}).get(kernel.fn.__name__)  # the Python function's name
+    if not table:  # another GPU or kernel: no key to build
+        return False
     values = {**dict(zip(tuned.arg_names, args, strict=False)), **flags}
     pin = table.get(tuple(values[name] for name in tuned.keys))
     if pin is None:
