@@ -10,6 +10,7 @@
 #              checkout (both git-ignored), carry them (carry [".whl", ".tiers_run", ".compile_cache"]) and
 #              run with RESUME=1; TIME_LIMIT (s) starts no candidate later. The caches make a later call
 #              start where a resumed run on one machine would: with the kernels compiled and tuned.
+# TIERS_TIMEOUT (s, default 560) bounds the run where this script shares a call with another.
 # A first call may carry .compile_cache too (an earlier run's): it then starts as a continuous compiler's
 # later runs do, with the kernels compiled and tuned. Each tier's engines start before the candidates and
 # are timed apart (startup.json in the run directory); the replay charges them once.
@@ -25,7 +26,7 @@ lanes=""
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   lanes="--devices cuda:0,cuda:1"  # one lane per GPU (nvidia-h200-x2): twice the candidates per call
 fi
-timeout 560 python3 bench/tiers.py --model llama-3.1-8b --device cuda --dtype bfloat16 \
+timeout "${TIERS_TIMEOUT:-560}" python3 bench/tiers.py --model llama-3.1-8b --device cuda --dtype bfloat16 \
   --candidates "${CANDIDATES:-50}" --slow-first "${SLOW_FIRST:-30}" \
   --run-dir "$OUT/tiers_run" --time-limit "${TIME_LIMIT:-330}" --out "$OUT" $lanes $flag -v > "$OUT/tiers.log" 2>&1
 echo "tiers rc=$?"
