@@ -85,7 +85,7 @@ MOVES: tuple[Move, ...] = (
          "KV cache storage: [slots, heads, seq, D] (the reference's; each head's keys contiguous, best for "
          "split-KV reads) or [slots, seq, heads, D] (a token's heads contiguous: cheaper cache writes, "
          "strided reads)."),
-    Move("gemv", ("cublas", "triton_splitk", "triton_fused", "onednn"), "cublas",
+    Move("gemv", ("cublas", "triton_splitk", "triton_fused", "onednn", "onednn_decode"), "cublas",
          "Linear layers with <= 16 rows through a Triton split-K skinny GEMM instead of cuBLAS. Helps where "
          "cuBLAS' GEMV leaves SMs idle (narrow outputs, batch 1-8); measure per device and shape. "
          "'triton_fused' (dense decode, <= 8 rows): a Triton GEMV that also does the work around each "
@@ -94,8 +94,10 @@ MOVES: tuple[Move, ...] = (
          "instead of ~12. Helps at batch 1-4, where each small kernel costs more in launch and tail than "
          "its bytes; the weight read must still match cuBLAS. 'onednn' (CPU, any batch): every linear layer "
          "through oneDNN on weights reordered once in build() (a copy of them): on the 2-core CPU 1.3-1.5x at 16 "
-         "rows, 2.2x on SmolLM2's LM head, 1.06-1.17x at 384-token prefills; 'cublas' there is MKL's sgemm.",
-         cpu_only=("onednn",)),
+         "rows, 2.2x on SmolLM2's LM head, 1.06-1.17x at 384-token prefills; 'cublas' there is MKL's sgemm. "
+         "'onednn_decode' (CPU): oneDNN for 2-32 rows only (decode batches), MKL for one row and for prefills: on "
+         "the 2-core AVX2 VM at one thread oneDNN was 0.28-0.80x at one row and a 384-token prefill ~8% slower.",
+         cpu_only=("onednn", "onednn_decode")),
     Move("silu_mul", ("torch", "triton"), "torch",
          "SiLU(gate) * up in one Triton kernel reading the halves of a fused gate|up output in place "
          "(torch needs two kernels and, for a fused output, strided copies)."),

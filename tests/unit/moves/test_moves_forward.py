@@ -183,3 +183,24 @@ def test_fused_layer_at_few_rows_moe_and_qk_norm(preset, routing, tmp_path, gen)
         options |= {"rope": "triton_qkv_epilogue", "routing": routing}
     source = render("fast", options)
     check(source.replace("FUSED_ROWS = 1\n", "FUSED_ROWS = 3\n"), preset, tmp_path, gen)
+
+
+@pytest.mark.parametrize("gemv, expected", [("onednn", [1, 3, 16, 40]), ("onednn_decode", [3, 16])])
+def test_onednn_takes_the_rows_its_option_names(gemv, expected, tmp_path, monkeypatch):
+    """'onednn' sends every linear layer through oneDNN; 'onednn_decode' only 2-32 rows (one row and prefills
+    go to MKL's sgemm), which measured faster there on the 2-core AVX2 VM."""
+    from athanor.kernels.onednn import has_onednn
+
+    if not has_onednn(torch.float32):
+        pytest.skip("this torch or CPU has no oneDNN fp32 linear")
+    spec = PRESETS["tiny-dense"].with_layers(1)
+    candidate = load_candidate(render("fast", {"gemv": gemv}), tmp_path)
+    fwd = candidate.build(random_model(spec, seed=0), BuildContext(torch.device("cpu"), torch.float32, 4, 64))
+    seen: list[int] = []
+    real = candidate.onednn_linear
+    monkeypatch.setattr(candidate, "onednn_linear", lambda x, packed, b: seen.append(x.shape[0]) or real(x, packed, b))
+    w = fwd.layers[0].wo
+    for rows in (1, 3, 16, 40):
+        x = torch.randn(rows, w.shape[1])
+        torch.testing.assert_close(fwd._linear(x, w), torch.nn.functional.linear(x, w), rtol=1e-4, atol=1e-4)
+    assert sorted(set(seen)) == expected

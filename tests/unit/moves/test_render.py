@@ -88,7 +88,7 @@ def test_cpu_search_space_leaves_out_what_needs_cuda():
     assert cpu["sdpa"] == (None, "math") and "cudnn_attention" in cuda["sdpa"]
     assert not any(str(v).startswith("triton") for values in cpu.values() for v in values)
     # and the GPU's leaves out the CPU's own paths (oneDNN GEMMs, host-synced flex attention)
-    assert cpu["gemv"] == ("cublas", "onednn") and "onednn" not in cuda["gemv"]
+    assert cpu["gemv"] == ("cublas", "onednn", "onednn_decode") and not {"onednn", "onednn_decode"} & set(cuda["gemv"])
     assert "torch_flex" in cpu["attention"] and "torch_flex" not in cuda["attention"]
 
 

@@ -74,6 +74,12 @@ on an H200: at 1 row the fused GEMVs beat cuBLAS + the separate norm/SiLU kernel
 llama-3.2-1b and llama-3.1-8b; at 4 rows they were 1.1-2.7x slower (each row is one more pass of the
 weight tile through the FMA units)."""
 
+ONEDNN_DECODE_ROWS = 32
+"""Most rows a linear layer sends through oneDNN with gemv="onednn_decode"; one row and more rows (prefills) go
+through MKL's sgemm. Measured on the 2-core AVX2 VM with one thread (fp32, SmolLM2's shapes): oneDNN 1.05-1.18x
+at 16 rows on most projections and 1.97x on the LM head, but 0.28-0.80x at one row and 0.94-1.09x at 384 rows
+(a 30-layer 384-token prefill ~8% slower)."""
+
 
 def impl(option: str) -> Literal["torch"] | None:
     """The `impl` argument for a kernel: "torch" forces the fallback; "triton..." values pass None,
@@ -166,7 +172,8 @@ class FastForward:
         self.v_cache = [self._allocate_cache() for _ in range(spec.num_layers)]
         self.routing_observer = None
         """Called with (layer, topk_ids [N, top_k]) on every MoE layer when set (routing capture)."""
-        self.packed = self._pack_linears() if OPTIONS["gemv"] == "onednn" and ctx.device.type == "cpu" else {}
+        self.packed = (self._pack_linears() if str(OPTIONS["gemv"]).startswith("onednn") and ctx.device.type == "cpu"
+                       else {})
         """oneDNN copies of the weights `_linear` reads, by id of the weight (empty: F.linear)."""
         self._decode_layers = self.decode_layers
         if OPTIONS["compile"] is not None:
@@ -192,7 +199,7 @@ class FastForward:
         if w.dtype != x.dtype:  # linear_dtype: compute in the weight's dtype, hand back the model's
             return self._linear(x.to(w.dtype), w, b).to(x.dtype)
         packed = self.packed.get(id(w))
-        if packed is not None:
+        if packed is not None and (OPTIONS["gemv"] == "onednn" or 2 <= x.shape[0] <= ONEDNN_DECODE_ROWS):
             return onednn_linear(x, packed, b)
         return linear(x, w, b, gemv=str(OPTIONS["gemv"]))
 
