@@ -50,9 +50,11 @@ BEST_CPU: dict[str, Any] = {
     # oneDNN's GEMMs on weights packed once (2-core CPU, smollm2 fast tier against per_seq alone: decode x1.50,
     # prefill x1.09), and reading less memory: attention over each slot's cache view instead of a gathered
     # copy. Flex attention ('torch_flex') measured x1.05 more on decode, but compiles for ~8 s a process
-    # with a C++ compiler it needs: left to the search.
+    # with a C++ compiler it needs: left to the search. oneDNN for decode batches only ('onednn_decode'): on the
+    # 2-core AVX2 VM, with the one thread an engine worker runs there, MKL's sgemm is faster at one row and at
+    # prefills (whole smollm2, alternating: 384-token prefill x1.13, batch-1 decode x1.17, batch 16 the same).
     "attention": "torch_per_seq",
-    "gemv": "onednn",
+    "gemv": "onednn_decode",
     "moe": "grouped_mm",
     "graphs": False,
 }

@@ -67,7 +67,7 @@ def test_best_known_candidates_differ_for_dense_and_moe():
     assert best_options(dense)["fused_gate_up"] and not best_options(moe)["fused_gate_up"]
     assert read_options(best_candidate(moe))["moe"] == "triton"
     cpu = read_options(best_candidate(dense, "cpu"))
-    assert cpu["attention"] == "torch_per_seq" and cpu["gemv"] == "onednn"  # no gather copy; packed GEMMs
+    assert cpu["attention"] == "torch_per_seq" and cpu["gemv"] == "onednn_decode"  # no gather copy; packed GEMMs
 
 
 def test_quality_mode_proposes_the_lossy_best_known_first_then_the_exact_one():
