@@ -52,7 +52,8 @@ BEST_CPU: dict[str, Any] = {
     # copy. Flex attention ('torch_flex') measured x1.05 more on decode, but compiles for ~8 s a process
     # with a C++ compiler it needs: left to the search. oneDNN for decode batches only ('onednn_decode'): on the
     # 2-core AVX2 VM, with the one thread an engine worker runs there, MKL's sgemm is faster at one row and at
-    # prefills (whole smollm2, alternating: 384-token prefill x1.13, batch-1 decode x1.17, batch 16 the same).
+    # prefills (whole smollm2, alternating, two runs: 384-token prefill x1.13 and x1.05, batch-1 decode x1.17 and
+    # x1.22, batch 16 the same code: x1.05 and x0.97; bench/cpu_gemv_rows.py).
     "attention": "torch_per_seq",
     "gemv": "onednn_decode",
     "moe": "grouped_mm",

@@ -96,7 +96,7 @@ MOVES: tuple[Move, ...] = (
          "through oneDNN on weights reordered once in build() (a copy of them): on the 2-core CPU 1.3-1.5x at 16 "
          "rows, 2.2x on SmolLM2's LM head, 1.06-1.17x at 384-token prefills; 'cublas' there is MKL's sgemm. "
          "'onednn_decode' (CPU): oneDNN for 2-32 rows only (decode batches), MKL for one row and for prefills: on "
-         "the 2-core AVX2 VM at one thread oneDNN was 0.28-0.80x at one row and a 384-token prefill ~8% slower.",
+         "the 2-core AVX2 VM at one thread oneDNN was 0.3-0.9x at one row and a 384-token prefill 5-13% slower.",
          cpu_only=("onednn", "onednn_decode")),
     Move("silu_mul", ("torch", "triton"), "torch",
          "SiLU(gate) * up in one Triton kernel reading the halves of a fused gate|up output in place "

@@ -76,9 +76,9 @@ weight tile through the FMA units)."""
 
 ONEDNN_DECODE_ROWS = 32
 """Most rows a linear layer sends through oneDNN with gemv="onednn_decode"; one row and more rows (prefills) go
-through MKL's sgemm. Measured on the 2-core AVX2 VM with one thread (fp32, SmolLM2's shapes): oneDNN 1.05-1.18x
-at 16 rows on most projections and 1.97x on the LM head, but 0.28-0.80x at one row and 0.94-1.09x at 384 rows
-(a 30-layer 384-token prefill ~8% slower)."""
+through MKL's sgemm. Measured on the 2-core AVX2 VM with one thread (fp32, SmolLM2's shapes, bench/cpu_gemv_rows.py):
+oneDNN 0.77-1.32x at 16 rows and 1.5-2.0x on the LM head, but 0.33-0.89x at one row on the projections and
+0.94-0.97x at 384 rows (the whole 384-token prefill 5-13% slower, batch-1 decode 17-22%)."""
 
 
 def impl(option: str) -> Literal["torch"] | None:
