@@ -12,7 +12,6 @@ ratios onednn / onednn_decode (above 1: onednn_decode faster). Also each linear 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import sys
 import tempfile
@@ -26,6 +25,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _record import write
+from athanor.engine.candidate import Candidate, import_candidate
 from athanor.kernels.onednn import onednn_linear, pack_weight
 from athanor.model import BuildContext, DecodeBatch, make_prefill_batch
 from athanor.model.registry import load_model
@@ -35,14 +35,8 @@ SIDES = ("onednn", "onednn_decode")
 
 
 def _build(gemv: str, model: Any, ctx: BuildContext, scratch: Path) -> Any:
-    path = scratch / f"cand_{gemv}.py"
-    path.write_text(render("fast", {"attention": "torch_per_seq", "gemv": gemv}))
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module
-    spec.loader.exec_module(module)
-    return module.build(model, ctx)
+    candidate = Candidate.from_source(render("fast", {"attention": "torch_per_seq", "gemv": gemv}))
+    return import_candidate(candidate, scratch / gemv, 0).build(model, ctx)
 
 
 def _time(fn: Callable[..., object], *args: object) -> float:
