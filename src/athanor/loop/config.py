@@ -15,6 +15,9 @@ from athanor.loop.reserve import confirmation_key
 from athanor.model.device import resolve_dtype
 from athanor.model.registry import load_spec
 
+MAX_RESERVE_SHARE = 0.4
+"""Most of a run's budget kept for confirming: the search keeps the rest, however much confirming costs."""
+
 
 @dataclass(frozen=True)
 class CompileConfig:
@@ -130,10 +133,11 @@ class CompileConfig:
                                  device_bytes(self.device), 64)
 
     def reserve_s(self, measured: float | None = None) -> float:
-        """Seconds of the budget kept for confirming on the slow tier (at most 40% of it): `confirm_reserve_s` when
-        set, else `measured` (what this machine's earlier confirmations cost: `athanor.loop.reserve`), else the
-        device's default."""
-        return min(self.confirm_reserve_s or measured or (75.0 if self.on_cpu else 120.0), 0.4 * self.budget_s)
+        """Seconds of the budget kept for confirming on the slow tier (at most `MAX_RESERVE_SHARE` of it):
+        `confirm_reserve_s` when set, else `measured` (what this machine's earlier confirmations cost:
+        `athanor.loop.reserve`), else the device's default."""
+        return min(self.confirm_reserve_s or measured or (75.0 if self.on_cpu else 120.0),
+                   MAX_RESERVE_SHARE * self.budget_s)
 
     @property
     def confirmation_key(self) -> str:

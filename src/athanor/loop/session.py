@@ -29,7 +29,7 @@ from athanor.engine.candidate import Candidate, baseline_candidate
 from athanor.errors import ConfigError
 from athanor.evaluate import Evaluator, QualityBudget, Verdict
 from athanor.evaluate.timing import worth_confirming
-from athanor.loop.config import CompileConfig
+from athanor.loop.config import MAX_RESERVE_SHARE, CompileConfig
 from athanor.loop.report import write_report
 from athanor.loop.reserve import measured_reserve, record_confirmation
 from athanor.serve.candidates import load_candidate_dir
@@ -160,7 +160,7 @@ class Session:
         why = ""
         if measured and not cfg.confirm_reserve_s:
             why = f"; {measured:.0f} s by this machine's last confirmations" + (
-                ", 40% of the budget at most" if reserve < measured else "")
+                f", {MAX_RESERVE_SHARE:.0%} of the budget at most" if reserve < measured else "")
         try:
             self.emit(f"run {self.run_id}: {cfg.model} on {cfg.device}, traffic {cfg.traffic}, "
                       f"budget {cfg.budget_s:.0f} s ({reserve:.0f} s kept to confirm{why}), "

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from athanor.loop.config import CompileConfig
+from athanor.loop.config import MAX_RESERVE_SHARE, CompileConfig
 from athanor.loop.reserve import FILE, HISTORY, MARGIN, measured_reserve, record_confirmation
 
 
@@ -36,6 +36,6 @@ def test_the_config_takes_the_measured_reserve_within_its_cap() -> None:
     gpu = CompileConfig(model="tiny-dense", device="cuda", budget_s=480.0)
     assert gpu.reserve_s() == 120.0  # nothing measured: the device's default
     assert gpu.reserve_s(95.0) == 95.0
-    assert gpu.reserve_s(400.0) == 0.4 * 480.0  # never more than 40% of the budget
+    assert gpu.reserve_s(400.0) == 0.4 * 480.0 == MAX_RESERVE_SHARE * 480.0  # never more than 40% of the budget
     assert CompileConfig(model="tiny-dense", device="cuda", budget_s=480.0, confirm_reserve_s=60.0).reserve_s(95.0) == 60.0
     assert CompileConfig(model="tiny-dense", budget_s=180.0).reserve_s(225.0) == 72.0  # a 2-core CPU's smollm2
