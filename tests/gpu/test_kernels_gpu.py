@@ -375,6 +375,45 @@ def test_router_topk_bf16_in_a_graph(dev):
     print(f"router_topk 128x2048 top 8: {_ms(graph.replay) * 1e3:.1f} us, GEMV + route kernel {_ms(two.replay) * 1e3:.1f} us")
 
 
+def test_linear_route_bf16_in_a_graph(dev):
+    """The O projection summing the router's logits (qwen3-30b-a3b: 4096 -> 2048, 128 experts, top 8), captured and
+    replayed with new inputs: h is `fused_linear`'s within bf16 rounding, the logits the router GEMV's within bf16 rounding, the ids a top-8
+    of them up to that rounding; replays give the same bits (the fixed-point sums are order-free)."""
+    from athanor.kernels import fused_linear, linear_route, route
+
+    bf = {"device": dev, "dtype": torch.bfloat16}
+    x, w, residual = torch.randn(1, 4096, **bf), torch.randn(2048, 4096, **bf) / 64, torch.randn(1, 2048, **bf)
+    router_w, nw = torch.randn(128, 2048, **bf) / 2048**0.5, torch.randn(2048, **bf)
+
+    def both() -> tuple[torch.Tensor, ...]:
+        return linear_route(x, w, residual, router_w, nw, 1e-6, 8, "softmax", True)
+
+    def three() -> tuple[torch.Tensor, ...]:
+        h = fused_linear(x, w, residual=residual)
+        return route(fused_linear(h, router_w, norm_weight=nw, eps=1e-6), 8, "softmax", True)
+
+    both(), three()  # autotune outside the capture
+    graph, two = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        h, logits, ids, weights = both()
+    with torch.cuda.graph(two):
+        three()
+    for _ in range(5):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        first = [t.clone() for t in (h, logits, ids, weights)]
+        graph.replay()
+        assert all(torch.equal(a, b) for a, b in zip(first, (h, logits, ids, weights), strict=True))
+        torch.testing.assert_close(h, fused_linear(x, w, residual=residual), **BF16)  # tuned apart: other sums
+        ref = fused_linear(h, router_w, norm_weight=nw, eps=1e-6).float()
+        torch.testing.assert_close(logits.float(), ref, **BF16)
+        kth = ref.topk(8).values[:, -1:]
+        assert ids.unique().numel() == 8 and bool((ref.gather(1, ids) >= kth - 0.02 * ref.std()).all())
+        torch.testing.assert_close(weights, torch.softmax(logits.float().gather(1, ids), -1), **BF16)
+    print(f"linear_route 2048x4096 + router 128 top 8: {_ms(graph.replay) * 1e3:.1f} us, "
+          f"O GEMV + router GEMV + route kernel {_ms(two.replay) * 1e3:.1f} us")
+
+
 def test_expert_gemv_routes_itself_bf16_in_a_graph(dev):
     """The expert GEMVs ranking the router's logits themselves (qwen3-30b-a3b: 128 experts, top 8, 2048 -> 768),
     captured and replayed with new logits: the gate/up rows and the weighted down sum of the routing kernel's ids and

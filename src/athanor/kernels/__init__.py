@@ -14,7 +14,14 @@ from athanor.kernels.activation import silu_mul
 from athanor.kernels.attention import decode_attention, num_kv_splits, rope_cache_attention
 from athanor.kernels.dispatch import HAS_TRITON, use_triton
 from athanor.kernels.flex_decode import decode_attention_flex
-from athanor.kernels.gemv import fused_linear, linear, qkv_rope_cache, router_topk, splitk_linear
+from athanor.kernels.gemv import (
+    fused_linear,
+    linear,
+    linear_route,
+    qkv_rope_cache,
+    router_topk,
+    splitk_linear,
+)
 from athanor.kernels.moe import (
     ExpertGroups,
     RouterLogits,
@@ -46,6 +53,7 @@ __all__ = [
     "grouped_mm",
     "has_grouped_mm",
     "linear",
+    "linear_route",
     "moe_experts",
     "num_kv_splits",
     "qkv_rope_cache",

@@ -97,7 +97,25 @@ def _pdl_capable(index: int | None) -> bool:
     return os.environ.get("ATHANOR_PDL", "1") != "0" and torch.cuda.get_device_capability(index)[0] >= 9
 
 
-_TICKETS: dict[Any, Tensor] = {}
+_ZEROED: dict[tuple[str, Any], Tensor] = {}
+
+
+def _zeroed(name: str, device: Any, n: int, dtype: Any) -> Tensor:
+    """One zero-filled array per name and device, kept: the kernels that use it leave it zero again."""
+    if (name, device) not in _ZEROED:
+        import torch
+
+        _ZEROED[name, device] = torch.zeros(n, dtype=dtype, device=device)
+    return _ZEROED[name, device]
+
+
+def router_sums(device: Any) -> Tensor:
+    """int64 accumulators of MoE router logits in fixed point (`fused_gemv_router_kernel` adds into them, the routing
+    kernel after it reads and zeroes them), [rows, experts] row-major in its first rows * experts entries: 8192 of
+    them, 8 rows of up to 1024 experts."""
+    import torch
+
+    return _zeroed("router_sums", device, 1 << 13, torch.int64)
 
 
 def tickets(device: Any) -> Tensor:
@@ -106,11 +124,9 @@ def tickets(device: Any) -> Tensor:
     counter, so the array is zero between launches. One array per device: launches on one stream touch
     it in stream order (under PDL a kernel starts early but touches tickets only after its `gdc_wait`,
     i.e. after the previous kernel has finished), and no launch uses more than its 65536 counters."""
-    if device not in _TICKETS:
-        import torch
+    import torch
 
-        _TICKETS[device] = torch.zeros(1 << 16, dtype=torch.int32, device=device)
-    return _TICKETS[device]
+    return _zeroed("tickets", device, 1 << 16, torch.int32)
 
 
 def next_pow2(n: int) -> int:

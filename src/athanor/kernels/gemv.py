@@ -15,7 +15,17 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from athanor.kernels.attention import _num_sms
-from athanor.kernels.dispatch import PDL_EARLY, Impl, cdiv, interpreting, next_pow2, pdl, tickets, use_triton
+from athanor.kernels.dispatch import (
+    PDL_EARLY,
+    Impl,
+    cdiv,
+    interpreting,
+    next_pow2,
+    pdl,
+    router_sums,
+    tickets,
+    use_triton,
+)
 from athanor.kernels.moe import route
 from athanor.kernels.norm import rms_norm_torch
 from athanor.kernels.rope import KVWrite, rope_into
@@ -177,6 +187,62 @@ def router_topk(h: Tensor, w: Tensor, norm_weight: Tensor, eps: float, top_k: in
     if m:
         _launch(fused_gemv_route_kernel, fused_gemv_route_tuned, args, flags, m, n, k, early=EPILOGUE_EARLY)
     return ids, weights
+
+
+ROUTER_SCALE = 2.0**32
+"""The fixed point of the router sums of `linear_route`: a logit's sum (before the RMSNorm's scale) is kept to
+2^-32 and may reach 2^31 in magnitude (a share of one strip, |h * norm weight * router weight| summed over its
+columns, to 2^31 too): far beyond any model's activations."""
+
+
+def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_weight: Tensor, eps: float, top_k: int,
+                 scoring: str, renormalize: bool, selection_bias: Tensor | None = None,
+                 impl: Impl = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The projection before a MoE block and the block's routing, for <= 8 rows in two kernels instead of three:
+
+        h = residual + x @ w.T                    (rounded like `fused_linear(x, w, residual=residual)`)
+        logits = rms_norm(h, norm_weight) @ router_w.T
+        ids, weights = route(logits, top_k, scoring, renormalize, selection_bias)
+
+    Returns (h, logits, ids [M, k] int64, weights [M, k] fp32). In Triton the router's GEMV costs no launch: as
+    the projection writes a strip of h, the same program adds the strip's share of every row's logits into int64
+    fixed-point sums (exact, so the same in whatever order the strips finish), and the routing kernel scales them by
+    the row's RMSNorm factor, which comes out of the sum. So the logits are not the router GEMV's bit for bit: that
+    one rounds the normed input to the model dtype before the product, this one multiplies in fp32; both round the
+    logits to the model dtype."""
+    m, k = x.shape
+    e, hidden = router_w.shape
+    if (m > MAX_FUSED_ROWS or not use_triton(x, impl) or scoring not in ("softmax", "sigmoid")
+            or m * e > router_sums(x.device).numel()):
+        h = fused_linear(x, w, residual=residual, impl=impl)
+        logits = fused_linear(h, router_w, norm_weight=norm_weight, eps=eps, impl=impl)
+        return h, logits, *route(logits, top_k, scoring, renormalize, selection_bias, impl=impl)
+    from athanor.kernels.jit.fused_gemv import (
+        fused_gemv_router_kernel,
+        fused_gemv_router_tuned,
+        route_sums_kernel,
+    )
+
+    n = w.shape[0]
+    assert n == hidden and w.stride(1) == 1 and x.stride(1) == 1 and residual.stride(1) == 1
+    assert router_w.is_contiguous()
+    h = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    logits = torch.empty((m, e), dtype=x.dtype, device=x.device)
+    ids = torch.empty((m, top_k), dtype=torch.long, device=x.device)
+    weights = torch.empty((m, top_k), dtype=torch.float32, device=x.device)
+    if m == 0:
+        return h, logits, ids, weights
+    sums = router_sums(x.device)
+    block_e = next_pow2(e)
+    args = (x, w, residual, h, _workspace(m, n, x.device), tickets(x.device), router_w, norm_weight, sums,
+            m, n, k, e, ROUTER_SCALE, x.stride(0), w.stride(0), residual.stride(0), h.stride(0))
+    _launch(fused_gemv_router_kernel, fused_gemv_router_tuned, args, {"BLOCK_E": block_e}, m, n, k)
+    route_sums_kernel[(m,)](
+        sums, h, logits, selection_bias if selection_bias is not None else logits, ids, weights, e, n, eps,
+        1.0 / ROUTER_SCALE, h.stride(0), TOP_K=top_k, SOFTMAX=scoring == "softmax", RENORM=renormalize,
+        HAS_BIAS=selection_bias is not None, BLOCK_E=block_e, CHUNK=min(32, block_e),
+        BLOCK_K=min(64 if interpreting() else 1024, next_pow2(n)), **pdl(x))
+    return h, logits, ids, weights
 
 
 def _workspace(m: int, n: int, device: torch.device) -> Tensor:

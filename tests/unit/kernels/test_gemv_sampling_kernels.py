@@ -14,6 +14,7 @@ from athanor.kernels import (
     fused_linear,
     greedy,
     linear,
+    linear_route,
     qkv_rope_cache,
     rms_norm,
     rope_and_cache,
@@ -160,6 +161,30 @@ def test_router_topk_is_the_router_gemv_then_route(gen, impl, m, scoring, bias):
                                      impl="torch")
     assert torch.equal(ids, torch_ids)
     torch.testing.assert_close(weights, torch_weights, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("impl", [pytest.param("triton", marks=triton_only), "torch"])
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("scoring,bias", [("softmax", False), ("sigmoid", True)])
+def test_linear_route_is_the_projection_then_the_router_gemv_then_route(gen, impl, m, scoring, bias):
+    """The O projection summing the router's logits as it writes h: h is `fused_linear`'s bit for bit, the logits the
+    router GEMV's up to where the RMSNorm's scale is applied, the ids the same; a second call gives the same again
+    (the routing kernel leaves its sums zero)."""
+    experts, hidden, k = 60, 96, 200  # 60: not a power of two (Qwen2-MoE)
+    x, w = torch.randn(m, k, generator=gen), torch.randn(hidden, k, generator=gen) / k**0.5
+    residual, nw = torch.randn(m, hidden, generator=gen), torch.randn(hidden, generator=gen)
+    router_w = torch.randn(experts, hidden, generator=gen)
+    sel = torch.randn(experts, generator=gen) * 0.1 if bias else None
+    first = linear_route(x, w, residual, router_w, nw, 1e-5, 4, scoring, True, sel, impl=impl)
+    again = linear_route(x, w, residual, router_w, nw, 1e-5, 4, scoring, True, sel, impl=impl)
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    h, logits, ids, weights = first
+    assert torch.equal(h, fused_linear(x, w, residual=residual, impl=impl))
+    ref_logits = fused_linear(h, router_w, norm_weight=nw, eps=1e-5, impl="torch")
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+    ref_ids, ref_weights = route(ref_logits, 4, scoring, True, sel, impl="torch")
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights, ref_weights, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -46,7 +46,7 @@ def test_a_pinned_shape_launches_its_config_and_another_shape_is_left_to_the_aut
         def __init__(self, dtype: torch.dtype = torch.bfloat16) -> None:
             self.device, self.dtype = torch.device("cuda", 0), dtype
 
-    monkeypatch.setattr(pinned, "_gpu_name", lambda index: "NVIDIA H200")
+    monkeypatch.setattr(pinned, "gpu_name", lambda index: "NVIDIA H200")
     tuned = fused_gemv.fused_gemv_tuned
     flags = {"NORM": True, "SILU": False, "RESIDUAL": False, "PDL": True, "EARLY": True, "BLOCK_M": 1}
 

@@ -155,6 +155,63 @@ def fused_gemv_route_kernel(
 
 
 @triton.jit
+def fused_gemv_router_kernel(
+    X, W, R, Y, WS, TICKETS, RW, RNW, SUMS,
+    M, N, K, E, scale, x_s0, w_s0, r_s0, y_s0,
+    BLOCK_E: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr, EARLY: tl.constexpr,
+):
+    """Y = R + X @ W.T (a projection with the residual add: the O projection before a MoE block), then each row's
+    share of the MoE router's logits from this strip of Y: SUMS[m, e] += sum over the strip's columns n of
+    Y[m, n] * RNW[n] * RW[e, n] (RW: the router [E, N]; RNW: the block's RMSNorm weight), in int64 fixed point
+    (x `scale`, rounded to nearest), so the sum does not depend on the order the strips finish in. The RMSNorm's
+    scale is one factor per row and comes out of the sum: `route_sums_kernel` applies it and routes."""
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rn < N
+    e = tl.arange(0, BLOCK_E)
+    e_mask = e < E
+    # The router's strip (weights: no earlier kernel writes them) is loaded before the projection's wait.
+    rw = tl.load(RW + e[:, None].to(tl.int64) * N + rn[None, :], mask=e_mask[:, None] & n_mask[None, :], other=0.0)
+    rw = rw.to(tl.float32) * tl.load(RNW + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    done = gemv_strip(X, X, W, W, W, R, Y, WS, TICKETS, M, N, K, 0.0, x_s0, 0, w_s0, r_s0, y_s0,
+                      False, False, False, True, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY)
+    if done:
+        tl.debug_barrier()  # the strip of Y stored by this program's threads, read back by others of them
+        for m in tl.static_range(BLOCK_M):
+            if m < M:
+                y = tl.load(Y + m * y_s0 + rn, mask=n_mask, other=0.0).to(tl.float32)
+                part = tl.sum(rw * y[None, :], axis=1) * scale
+                fixed = tl.where(part >= 0, part + 0.5, part - 0.5).to(tl.int64)
+                tl.atomic_add(SUMS + m * E + e, fixed, mask=e_mask, sem="relaxed")
+
+
+@triton.jit
+def route_sums_kernel(
+    SUMS, H, LOGITS, RB, IDS, TOPW, E, K, eps, inv_scale, h_s0,
+    TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_E: tl.constexpr, CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+):
+    """One token's routing from the sums `fused_gemv_router_kernel` left: its logits are rstd(H row) * SUMS row /
+    scale, rounded to H's dtype as the router GEMV's output is (stored in LOGITS), then what `route_kernel` does.
+    The sums are zeroed for the next launch (CUDA-graph replays included)."""
+    if PDL:  # the expert kernel after may become resident now; the sums come from the kernel before
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    row = tl.program_id(0).to(tl.int64)
+    e = tl.arange(0, BLOCK_E)
+    e_mask = e < E
+    sums = tl.load(SUMS + row * E + e, mask=e_mask, other=0, cache_modifier=".cg")
+    rstd = _row_rstd(H + row * h_s0, K, eps, tl.arange(0, BLOCK_K), 1, BLOCK_K)
+    logits = sums.to(tl.float32) * inv_scale * rstd
+    tl.store(LOGITS + row * E + e, logits.to(LOGITS.dtype.element_ty), mask=e_mask)
+    tl.store(SUMS + row * E + e, tl.zeros_like(sums), mask=e_mask)
+    tl.debug_barrier()  # the logits stored by this program's threads, read back by others of them
+    route_row(LOGITS + row * E, RB, IDS + row * TOP_K, TOPW + row * TOP_K, E, TOP_K, SOFTMAX, RENORM, HAS_BIAS,
+              BLOCK_E, CHUNK)
+
+
+@triton.jit
 def _row_rstd(X_ROW, K, eps, rk, rows_left, BLOCK_K: tl.constexpr):
     """1 / RMS of the K-long row at X_ROW (read whole, BLOCK_K at a time); masked out when rows_left <= 0
     (a padding row of the block). The mask is a block compare: a scalar one is no mask to every interpreter."""
@@ -218,6 +275,8 @@ fused_gemv_tuned = triton.autotune(configs=_configs(), key=["M", "N", "K", "NORM
 runs `fused_gemv_kernel` with fixed blocks instead: timing configs there measures nothing)."""
 fused_gemv_rope_tuned = triton.autotune(configs=_configs(), key=["M", "N", "K", "QK_NORM", "PDL", "EARLY"])(
     fused_gemv_rope_kernel)
+fused_gemv_router_tuned = triton.autotune(configs=_configs(), key=["M", "N", "K", "E", "PDL", "EARLY"])(
+    fused_gemv_router_kernel)
 fused_gemv_route_tuned = triton.autotune(configs=_configs(), key=["M", "N", "K", "TOP_K", "PDL", "EARLY"])(
     fused_gemv_route_kernel)
 

@@ -43,6 +43,9 @@ PINNED: dict[str, dict[str, dict[tuple[Any, ...], Pin]]] = {
             (1, 3072, 2048, False, True, False): ({'BLOCK_N': 8, 'BLOCK_K': 1024, 'SPLIT_K': 1}, 4, 2),
             (1, 6144, 4096, False, True, False): ({'BLOCK_N': 8, 'BLOCK_K': 512, 'SPLIT_K': 1}, 4, 3),
         },
+        "fused_gemv_router_kernel": {  # qwen3's O projection with the router's sums: O's pin, to start
+            (1, 2048, 4096, 128, True, True): ({'BLOCK_N': 8, 'BLOCK_K': 512, 'SPLIT_K': 4}, 4, 3),
+        },
         "expert_gemv_kernel": {
             (768, 768, 2048, True, True, False, False, 8, False, False, True): ({'BLOCK_N': 16, 'BLOCK_K': 256}, 4, 3),
             (2048, 0, 768, False, False, True, True, 8, True, False, True): ({'BLOCK_N': 32, 'BLOCK_K': 256}, 4, 3),
@@ -53,8 +56,13 @@ PINNED: dict[str, dict[str, dict[tuple[Any, ...], Pin]]] = {
 }
 
 
+LAUNCHED: dict[tuple[str, tuple[Any, ...]], Any] = {}
+"""Every (kernel name, key) `launch_pinned` was asked for on the GPU in bf16, pinned or not, with the kernel's autotuner
+(whose `configs` are the choices): what `bench/step_tune.py` tunes in the whole step."""
+
+
 @functools.cache
-def _gpu_name(index: int) -> str:
+def gpu_name(index: int) -> str:
     return torch.cuda.get_device_name(index)
 
 
@@ -65,11 +73,11 @@ def launch_pinned(kernel: Any, tuned: Any, grid: Callable[[dict[str, int]], tupl
     x = args[0]
     if not dispatch.PINNED_CONFIGS or x.device.type != "cuda" or x.dtype != torch.bfloat16:
         return False
-    table = PINNED.get(_gpu_name(x.device.index or 0), {}).get(kernel.fn.__name__)  # the Python function's name
-    if not table:  # another GPU or kernel: no key to build
-        return False
+    name = kernel.fn.__name__  # the Python function's name
     values = {**dict(zip(tuned.arg_names, args, strict=False)), **flags}
-    pin = table.get(tuple(values[name] for name in tuned.keys))
+    key = tuple(values[arg] for arg in tuned.keys)
+    LAUNCHED[name, key] = tuned
+    pin = PINNED.get(gpu_name(x.device.index or 0), {}).get(name, {}).get(key)
     if pin is None:
         return False
     meta, num_warps, num_stages = pin

@@ -30,6 +30,7 @@ from athanor.kernels import (
     expert_gemv,
     fused_linear,
     linear,
+    linear_route,
     moe_experts,
     qkv_rope_cache,
     rms_norm,
@@ -380,6 +381,14 @@ class FastForward:
         h: Tensor = F.embedding(tokens, self.embed)  # [B, H]
         for i, layer in enumerate(self.layers):
             attn = self._attend_fused(i, layer, h, positions, slots, kv_lens)
+            if layer.moe and not layer.has_mlp and OPTIONS["routing"] == "triton_o_epilogue":
+                moe = self.spec.moe
+                assert moe is not None
+                # The router's logits summed by the O projection as it writes h: no router GEMV launch.
+                h, _, ids, weights = linear_route(attn.flatten(1), layer.wo, h, layer.router, layer.mlp_norm,
+                                                  self.eps, moe.top_k, moe.scoring, moe.renormalize, layer.router_bias)
+                h = self._experts_fused(i, layer, h, ids, weights)
+                continue
             h = fused_linear(attn.flatten(1), layer.wo, residual=h)
             if layer.moe:
                 h = self._moe_fused(i, layer, h)
@@ -410,6 +419,11 @@ class FastForward:
                 topk_ids = topk_weights = router  # each expert program ranks the logits itself
             else:
                 topk_ids, topk_weights = router.route(impl=impl("routing"))
+        return self._experts_fused(i, layer, h, topk_ids, topk_weights)
+
+    def _experts_fused(self, i: int, layer: Layer, h: Tensor, topk_ids: Tensor | RouterLogits,
+                       topk_weights: Tensor | RouterLogits) -> Tensor:
+        """h + the routed experts of `_moe_fused`, their ids and weights given."""
         if self.routing_observer is not None:
             assert isinstance(topk_ids, Tensor)
             self.routing_observer(i, topk_ids)
