@@ -414,49 +414,6 @@ def test_linear_route_bf16_in_a_graph(dev):
           f"O GEMV + router GEMV + route kernel {_ms(two.replay) * 1e3:.1f} us")
 
 
-def test_expert_programs_rank_the_router_sums_bf16_in_a_graph(dev):
-    """qwen3-30b-a3b's MoE block over two layers with no routing launch (`linear_router_sums`: the O projection's router
-    sums ranked by the expert programs), captured and replayed with new inputs: the same output as `linear_route`'s
-    routing kernel within bf16 rounding, replay after replay (so the sums are zeroed between them)."""
-    from athanor.kernels import expert_gemv, linear_route, linear_router_sums, router_sum_slots
-
-    bf = {"device": dev, "dtype": torch.bfloat16}
-    e, hidden, inter, top_k = 128, 2048, 768, 8
-    x, h0 = torch.randn(1, 4096, **bf), torch.randn(1, hidden, **bf)
-    layers = [dict(wo=torch.randn(hidden, 4096, **bf) / 64, router=torch.randn(e, hidden, **bf) / hidden**0.5,
-                   nw=torch.randn(hidden, **bf), gate_up=torch.randn(e, 2 * inter, hidden, **bf) / hidden**0.5,
-                   down=torch.randn(e, hidden, inter, **bf) / inter**0.5) for _ in range(2)]
-    slots = router_sum_slots(2, 1, e, dev)
-
-    def block(summed: bool) -> torch.Tensor:
-        h = h0
-        for j, lw in enumerate(layers):
-            args = (x, lw["wo"], h, lw["router"], lw["nw"], 1e-6, top_k, "softmax", True, None)
-            if summed:
-                h, ids = linear_router_sums(*args, *slots[j])
-                weights = ids
-            else:
-                h, _, ids, weights = linear_route(*args)
-            gate_up = expert_gemv(h, lw["gate_up"], ids, norm_weight=lw["nw"], eps=1e-6)
-            h = expert_gemv(gate_up[:, :inter], lw["down"], ids, up=gate_up[:, inter:], topk_weights=weights,
-                            residual=h, settled=True)
-        return h
-
-    block(True), block(False)  # autotune outside the capture
-    graphs = [torch.cuda.CUDAGraph() for _ in range(2)]
-    outs = []
-    for graph, summed in zip(graphs, (True, False), strict=True):
-        with torch.cuda.graph(graph):
-            outs.append(block(summed))
-    for _ in range(3):
-        x.copy_(torch.randn_like(x))
-        for graph in graphs:
-            graph.replay()
-        torch.testing.assert_close(outs[0], outs[1], **BF16)
-    print(f"two MoE layers, routing in the experts: {_ms(graphs[0].replay) * 1e3:.1f} us, "
-          f"routing kernel on the sums: {_ms(graphs[1].replay) * 1e3:.1f} us")
-
-
 def test_expert_gemv_routes_itself_bf16_in_a_graph(dev):
     """The expert GEMVs ranking the router's logits themselves (qwen3-30b-a3b: 128 experts, top 8, 2048 -> 768),
     captured and replayed with new logits: the gate/up rows and the weighted down sum of the routing kernel's ids and

@@ -109,12 +109,6 @@ def _zeroed(name: str, device: Any, n: int, dtype: Any) -> Tensor:
     return _ZEROED[name, device]
 
 
-ROUTER_SCALE = 2.0**32
-"""The fixed point of the router sums (`athanor.kernels.gemv.linear_route`): a logit's sum (before the RMSNorm's scale)
-is kept to 2^-32 and may reach 2^31 in magnitude (a share of one strip, |h * norm weight * router weight| summed over
-its columns, to 2^31 too): far beyond any model's activations."""
-
-
 def router_sums(device: Any) -> Tensor:
     """int64 accumulators of MoE router logits in fixed point (`fused_gemv_router_kernel` adds into them, the routing
     kernel after it reads and zeroes them), [rows, experts] row-major in its first rows * experts entries: 8192 of

@@ -17,7 +17,6 @@ from torch import Tensor
 from athanor.kernels.attention import _num_sms
 from athanor.kernels.dispatch import (
     PDL_EARLY,
-    ROUTER_SCALE,
     Impl,
     cdiv,
     interpreting,
@@ -27,7 +26,7 @@ from athanor.kernels.dispatch import (
     tickets,
     use_triton,
 )
-from athanor.kernels.moe import RouterLogits, RouterSums, route, rstd_block
+from athanor.kernels.moe import route
 from athanor.kernels.norm import rms_norm_torch
 from athanor.kernels.rope import KVWrite, rope_into
 
@@ -184,10 +183,16 @@ def router_topk(h: Tensor, w: Tensor, norm_weight: Tensor, eps: float, top_k: in
             selection_bias if selection_bias is not None else y, ids, weights,
             m, n, k, eps, h.stride(0), w.stride(0), y.stride(0))
     flags = {"TOP_K": top_k, "SOFTMAX": scoring == "softmax", "RENORM": renormalize,
-             "HAS_BIAS": selection_bias is not None, "BLOCK_E": next_pow2(n)}
+             "HAS_BIAS": selection_bias is not None, "BLOCK_E": next_pow2(n), "CHUNK": min(32, next_pow2(n))}
     if m:
         _launch(fused_gemv_route_kernel, fused_gemv_route_tuned, args, flags, m, n, k, early=EPILOGUE_EARLY)
     return ids, weights
+
+
+ROUTER_SCALE = 2.0**32
+"""The fixed point of the router sums of `linear_route`: a logit's sum (before the RMSNorm's scale) is kept to
+2^-32 and may reach 2^31 in magnitude (a share of one strip, |h * norm weight * router weight| summed over its
+columns, to 2^31 too): far beyond any model's activations."""
 
 
 def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_weight: Tensor, eps: float, top_k: int,
@@ -205,74 +210,39 @@ def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_
     the row's RMSNorm factor, which comes out of the sum. So the logits are not the router GEMV's bit for bit: that
     one rounds the normed input to the model dtype before the product, this one multiplies in fp32; both round the
     logits to the model dtype."""
-    m = x.shape[0]
+    m, k = x.shape
     e, hidden = router_w.shape
     if (m > MAX_FUSED_ROWS or not use_triton(x, impl) or scoring not in ("softmax", "sigmoid")
             or m * e > router_sums(x.device).numel()):
         h = fused_linear(x, w, residual=residual, impl=impl)
         logits = fused_linear(h, router_w, norm_weight=norm_weight, eps=eps, impl=impl)
         return h, logits, *route(logits, top_k, scoring, renormalize, selection_bias, impl=impl)
-    from athanor.kernels.jit.fused_gemv import route_sums_kernel
+    from athanor.kernels.jit.fused_gemv import (
+        fused_gemv_router_kernel,
+        fused_gemv_router_tuned,
+        route_sums_kernel,
+    )
 
-    sums = router_sums(x.device)
-    h = _router_gemv(x, w, residual, router_w, norm_weight, sums)
-    logits = torch.empty((m, e), dtype=x.dtype, device=x.device)
-    ids = torch.empty((m, top_k), dtype=torch.long, device=x.device)
-    weights = torch.empty((m, top_k), dtype=torch.float32, device=x.device)
-    if m:
-        block_e = next_pow2(e)
-        route_sums_kernel[(m,)](
-            sums, h, logits, selection_bias if selection_bias is not None else logits, ids, weights, e, hidden, eps,
-            1.0 / ROUTER_SCALE, h.stride(0), TOP_K=top_k, SOFTMAX=scoring == "softmax", RENORM=renormalize,
-            HAS_BIAS=selection_bias is not None, BLOCK_E=block_e, BLOCK_K=rstd_block(hidden), **pdl(x))
-    return h, logits, ids, weights
-
-
-def linear_router_sums(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_weight: Tensor, eps: float,
-                       top_k: int, scoring: str, renormalize: bool, selection_bias: Tensor | None, sums: Tensor,
-                       clear: Tensor, impl: Impl = None) -> tuple[Tensor, RouterSums | RouterLogits]:
-    """`linear_route` with the routing left to the expert kernels: returns h and the `RouterSums` to give
-    `expert_gemv` in place of ids and weights (each expert program ranks its token's row of the sums itself, and
-    the down call zeroes `clear`), so the MoE block's routing costs no launch at all. `sums` and `clear` are two of
-    the `router_sum_slots` buffers. Where the kernel does not run (see `linear_route`), the router's logits instead."""
-    m = x.shape[0]
-    e = router_w.shape[0]
-    if m > MAX_FUSED_ROWS or not use_triton(x, impl) or scoring not in ("softmax", "sigmoid") or m * e > sums.numel():
-        h = fused_linear(x, w, residual=residual, impl=impl)
-        logits = fused_linear(h, router_w, norm_weight=norm_weight, eps=eps, impl=impl)
-        return h, RouterLogits(logits, top_k, scoring, renormalize, selection_bias)
-    h = _router_gemv(x, w, residual, router_w, norm_weight, sums)
-    return h, RouterSums(sums[:m * e].view(m, e), h, eps, top_k, scoring, renormalize, selection_bias, clear)
-
-
-def router_sum_slots(num_layers: int, rows: int, experts: int, device: torch.device) -> list[tuple[Tensor, Tensor]]:
-    """For `linear_router_sums`, per MoE layer in step order: (its sums, the sums its down projection zeroes). Two
-    buffers alternate (three for an odd count: the last layer takes the third), and a layer zeroes the next layer's,
-    whose readers ran two or more layers back, before that layer's O projection adds into it; the last layer zeroes
-    the first's for the next step. A single MoE layer has nothing to alternate with: it needs `linear_route`."""
-    assert num_layers >= 2, "one MoE layer would zero its own sums: route it with linear_route"
-    count = 2 if num_layers % 2 == 0 else 3
-    buffers = [torch.zeros(rows * experts, dtype=torch.int64, device=device) for _ in range(count)]
-    index = [j % 2 for j in range(num_layers)]
-    index[-1] = 1 if count == 2 else 2
-    return [(buffers[index[j]], buffers[index[(j + 1) % num_layers]]) for j in range(num_layers)]
-
-
-def _router_gemv(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_weight: Tensor, sums: Tensor) -> Tensor:
-    """h = residual + x @ w.T, its rows' shares of the router's logits added into `sums` (`fused_gemv_router_kernel`)."""
-    from athanor.kernels.jit.fused_gemv import fused_gemv_router_kernel, fused_gemv_router_tuned
-
-    m, k = x.shape
     n = w.shape[0]
-    e, hidden = router_w.shape
     assert n == hidden and w.stride(1) == 1 and x.stride(1) == 1 and residual.stride(1) == 1
     assert router_w.is_contiguous()
     h = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if m:
-        args = (x, w, residual, h, _workspace(m, n, x.device), tickets(x.device), router_w, norm_weight, sums,
-                m, n, k, e, ROUTER_SCALE, x.stride(0), w.stride(0), residual.stride(0), h.stride(0))
-        _launch(fused_gemv_router_kernel, fused_gemv_router_tuned, args, {"BLOCK_E": next_pow2(e)}, m, n, k)
-    return h
+    logits = torch.empty((m, e), dtype=x.dtype, device=x.device)
+    ids = torch.empty((m, top_k), dtype=torch.long, device=x.device)
+    weights = torch.empty((m, top_k), dtype=torch.float32, device=x.device)
+    if m == 0:
+        return h, logits, ids, weights
+    sums = router_sums(x.device)
+    block_e = next_pow2(e)
+    args = (x, w, residual, h, _workspace(m, n, x.device), tickets(x.device), router_w, norm_weight, sums,
+            m, n, k, e, ROUTER_SCALE, x.stride(0), w.stride(0), residual.stride(0), h.stride(0))
+    _launch(fused_gemv_router_kernel, fused_gemv_router_tuned, args, {"BLOCK_E": block_e}, m, n, k)
+    route_sums_kernel[(m,)](
+        sums, h, logits, selection_bias if selection_bias is not None else logits, ids, weights, e, n, eps,
+        1.0 / ROUTER_SCALE, h.stride(0), TOP_K=top_k, SOFTMAX=scoring == "softmax", RENORM=renormalize,
+        HAS_BIAS=selection_bias is not None, BLOCK_E=block_e,
+        BLOCK_K=min(64 if interpreting() else 1024, next_pow2(n)), **pdl(x))
+    return h, logits, ids, weights
 
 
 def _workspace(m: int, n: int, device: torch.device) -> Tensor:

@@ -20,16 +20,7 @@ from torch import Tensor
 
 from athanor.errors import ConfigError
 from athanor.kernels.activation import silu_mul
-from athanor.kernels.dispatch import (
-    ROUTER_SCALE,
-    Impl,
-    cdiv,
-    interpreting,
-    next_pow2,
-    pdl,
-    tickets,
-    use_triton,
-)
+from athanor.kernels.dispatch import Impl, cdiv, interpreting, next_pow2, pdl, tickets, use_triton
 from athanor.kernels.norm import rms_norm_torch
 
 BACKENDS = ("loop", "grouped_mm", "triton")
@@ -74,7 +65,7 @@ def route(router_logits: Tensor, top_k: int, scoring: str, renormalize: bool,
         route_kernel[(n,)](
             logits, selection_bias if selection_bias is not None else logits, ids, weights, logits.stride(0), e,
             TOP_K=top_k, SOFTMAX=scoring == "softmax", RENORM=renormalize, HAS_BIAS=selection_bias is not None,
-            BLOCK_E=next_pow2(e), **pdl(logits),
+            BLOCK_E=next_pow2(e), CHUNK=min(32, next_pow2(e)), **pdl(logits),
         )
     return ids, weights
 
@@ -213,17 +204,6 @@ def moe_experts(x: Tensor, w_gate_up: Tensor | tuple[Tensor, Tensor], w_down: Te
     return y.view(n, k, -1).sum(1)
 
 
-def rstd_block(hidden: int) -> int:
-    """The block the router's RMS is read in, by the routing kernel on the sums and by the expert kernels that rank
-    for themselves alike: the same block (and warps) gives the same rstd bit for bit, so the same picks."""
-    return min(64 if interpreting() else 1024, next_pow2(hidden))
-
-
-def _torch_path(x: Tensor, tokens: int, impl: Impl) -> bool:
-    """Whether `expert_gemv` runs its PyTorch path for `tokens` tokens."""
-    return tokens > MAX_EXPERT_GEMV_TOKENS or not use_triton(x, impl)
-
-
 # -- a few tokens: no grouping -----------------------------------------------------------------------
 MAX_EXPERT_GEMV_TOKENS = 8
 """Most tokens `expert_gemv` takes in Triton: each (token, choice) pair streams its expert's weights
@@ -247,33 +227,9 @@ class RouterLogits:
         return route(self.logits, self.top_k, self.scoring, self.renormalize, self.selection_bias, impl=impl)
 
 
-@dataclass(frozen=True)
-class RouterSums:
-    """Routing left to the expert kernels from the router's int64 sums (`linear_router_sums`): `sums` [T, E] holds
-    each token's logits before the RMSNorm's scale, in fixed point (x `ROUTER_SCALE`). Every expert program turns its
-    token's row into logits (times the rstd of `hidden`, the residual stream the sums were taken of, rounded to its
-    dtype), ranks them and takes its own choice, as the routing kernel on the sums would (`route_sums_kernel`, the
-    same rstd block and warps: the same picks); the down call zeroes `clear`, another MoE layer's sums."""
-
-    sums: Tensor
-    hidden: Tensor
-    eps: float
-    top_k: int
-    scoring: str
-    renormalize: bool
-    selection_bias: Tensor | None
-    clear: Tensor
-
-    def logits(self) -> Tensor:
-        """The logits the expert programs rank, in PyTorch."""
-        x = self.hidden.float()
-        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.sums.float() * (1.0 / ROUTER_SCALE) * rstd).to(self.hidden.dtype)
-
-
-def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits | RouterSums, *, w2: Tensor | None = None,
+def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits, *, w2: Tensor | None = None,
                 up: Tensor | None = None, norm_weight: Tensor | None = None, eps: float = 0.0,
-                topk_weights: Tensor | RouterLogits | RouterSums | None = None, residual: Tensor | None = None,
+                topk_weights: Tensor | RouterLogits | None = None, residual: Tensor | None = None,
                 settled: bool = False, impl: Impl = None) -> Tensor:
     """The routed experts of a few decode tokens, with no grouping and no host sync: every (token,
     choice) pair multiplies its input row by its expert's weight, read by id on the device.
@@ -291,30 +247,18 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits | RouterSu
     the launch just before this one, and that launch is an `expert_gemv` (the gate/up call before the
     down call): the kernel then reads the ids and its first weight tile before waiting for that launch.
     """
-    sums = topk_ids if isinstance(topk_ids, RouterSums) else None
-    if sums is not None:
-        assert topk_weights is None or topk_weights is sums, "the weights come from the same sums"
-        if _torch_path(x, sums.sums.shape[0], impl):
-            if topk_weights is not None:  # the down call: what the kernel does after its wait
-                sums.clear.zero_()
-            logits = RouterLogits(sums.logits(), sums.top_k, sums.scoring, sums.renormalize, sums.selection_bias)
-            return expert_gemv(x, w, logits, w2=w2, up=up, norm_weight=norm_weight, eps=eps,
-                               topk_weights=logits if topk_weights is not None else None, residual=residual,
-                               settled=settled, impl="torch")
-    if isinstance(topk_ids, RouterLogits | RouterSums):
-        router, k = topk_ids, topk_ids.top_k
-        t = topk_ids.sums.shape[0] if isinstance(topk_ids, RouterSums) else topk_ids.logits.shape[0]
+    if isinstance(topk_ids, RouterLogits):
+        router, t, k = topk_ids, topk_ids.logits.shape[0], topk_ids.top_k
         assert topk_weights is None or topk_weights is router, "the weights come from the same logits"
     else:
         router, (t, k) = None, topk_ids.shape
     shared = x.shape[0] == t and up is None
     assert norm_weight is None or shared, "the norm prologue is for the token's shared input"
-    if _torch_path(x, t, impl):
-        assert not isinstance(router, RouterSums)
+    if t > MAX_EXPERT_GEMV_TOKENS or not use_triton(x, impl):
         if router is not None:
             topk_ids, routed = router.route(impl="torch")
             topk_weights = routed if topk_weights is not None else None
-        assert isinstance(topk_ids, Tensor) and not isinstance(topk_weights, RouterLogits | RouterSums)
+        assert isinstance(topk_ids, Tensor) and not isinstance(topk_weights, RouterLogits)
         if norm_weight is not None:
             x = rms_norm_torch(x, norm_weight, eps)
         rows = x.repeat_interleave(k, 0) if shared else x
@@ -335,16 +279,10 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits | RouterSu
     second = w2 if w2 is not None else w  # a stand-in pointer when there is no second weight (n2 = 0)
     assert w.stride(2) == 1 and x.stride(1) == 1 and (w2 is None or w2.stride(2) == 1)
     assert up is None or up.stride() == x.stride(), "gate and up rows share a stride (halves of one output)"
-    hidden = clear = None
-    if isinstance(router, RouterSums):
-        ids, hidden, clear = router.sums, router.hidden, router.clear
-        assert norm_weight is None or eps == router.eps, "the kernel's one eps serves the norm and the router's RMS"
-        eps = router.eps
-    elif router is not None:
-        ids = router.logits if router.logits.stride(1) == 1 else router.logits.contiguous()
     if router is not None:
         if router.scoring not in ("softmax", "sigmoid"):
             raise ConfigError(f"routing scoring must be softmax or sigmoid, not {router.scoring!r}")
+        ids = router.logits if router.logits.stride(1) == 1 else router.logits.contiguous()
         num_experts = ids.shape[1]
         bias = router.selection_bias
     else:
@@ -361,18 +299,12 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits | RouterSu
             norm_weight if norm_weight is not None else x, residual if residual is not None else y,
             y, workspace, tickets(x.device), bias if bias is not None else y, n, n2, kk, num_experts, eps,
             x.stride(0), w.stride(0), w.stride(1), second.stride(0), second.stride(1),
-            residual.stride(0) if residual is not None else 0, y.stride(0), ids.stride(0),
-            hidden if hidden is not None else x, hidden.stride(0) if hidden is not None else 0,
-            hidden.shape[1] if hidden is not None else 0, 1.0 / ROUTER_SCALE,
-            clear if clear is not None and topk_weights is not None else x,
-            clear.numel() if clear is not None and topk_weights is not None else 0)
+            residual.stride(0) if residual is not None else 0, y.stride(0), ids.stride(0))
     flags = {"SHARED": shared, "NORM": norm_weight is not None, "SILU": up is not None, "SUM": topk_weights is not None,
              "RESIDUAL": residual is not None, "TOP_K": k, "SETTLED": settled, "ROUTE": router is not None,
-             "SUMS": hidden is not None, "CLEARS": clear is not None and topk_weights is not None,
-             "RSTD_BLOCK": rstd_block(hidden.shape[1]) if hidden is not None else 1,
              "SOFTMAX": router is not None and router.scoring == "softmax",
              "RENORM": router is not None and router.renormalize, "HAS_BIAS": bias is not None,
-             "BLOCK_E": next_pow2(max(num_experts, 1)), **pdl(x)}
+             "BLOCK_E": next_pow2(max(num_experts, 1)), "CHUNK": min(32, next_pow2(max(num_experts, 1))), **pdl(x)}
     if interpreting():
         block = 16
         grid = (cdiv(n, block) + cdiv(n2, block), t * k)

@@ -16,7 +16,11 @@ separate RoPE kernel (11981a0); and for MoE: qwen3-30b-a3b 2.740, 2.741, 2.740 v
 one call; `bench/results/qwen3-rope-epilogue/`). MoE keeps the separate routing kernel: with the router's epilogue
 too qwen3-30b-a3b took 2.935 vs 2.857 ms (the router GEMV's serial top-k tail), and with the routing in the expert
 GEMVs (`triton_expert_prologue`) 2.884 vs 2.740 ms (every program ranks the 128 logits before its first weight
-load, once per wave of programs; `bench/results/expert-routing/`).
+load, once per wave of programs; `bench/results/expert-routing/`). The router's logits summed by the O projection as
+it writes each strip of the residual stream (`triton_o_epilogue`: no router GEMV launch; a routing kernel on the
+sums) took qwen3-30b-a3b to 2.610-2.631 ms against 2.713-2.747 (alternating, two calls; `bench/results/qwen3-router-sums/`,
+`bench/results/qwen3-o-sums/`); ranking those sums in the expert programs instead (no routing launch at all) measured
+3.543 ms, 2.919 with its expert configs tuned in the step, and was not kept.
 `merge_early` (the attention merge lets the O projection launch after its wait) for dense models only: llama-3.2-1b
 0.900 vs 0.912 ms, llama-3.1-8b 4.229 vs 4.260 ms (`bench/results/merge-early/`), qwen3-30b-a3b 2.991 vs 2.903 ms
 (`bench/results/attention-merge/`).
@@ -68,8 +72,8 @@ def best_options(spec: ModelSpec, device: str = "cuda", lossy: bool = False) -> 
     options = dict(BEST_CUDA if device.startswith("cuda") else BEST_CPU)
     if spec.moe is not None:
         options["fused_gate_up"] = False
-        if device.startswith("cuda"):  # the router's epilogue and the early merge measured slower on qwen3-30b-a3b
-            options["routing"], options["merge_early"] = "triton", False
+        if device.startswith("cuda"):  # the router's sums in the O projection; the early merge measured slower
+            options["routing"], options["merge_early"] = "triton_o_epilogue", False
     if lossy:
         options["linear_dtype"] = "bfloat16"
     return options

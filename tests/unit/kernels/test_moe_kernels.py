@@ -8,7 +8,6 @@ import torch
 from athanor.kernels import (
     HAS_TRITON,
     RouterLogits,
-    RouterSums,
     expert_gemv,
     group_by_expert,
     grouped_mm,
@@ -138,36 +137,3 @@ def test_expert_gemv_matches_its_torch_composition(gen, tokens):
     normed = [expert_gemv(x, w_gate, ids, norm_weight=nw, eps=1e-5, impl=impl) for impl in ("triton", "torch")]
     torch.testing.assert_close(normed[0], normed[1], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(normed[1], expert_gemv(rms_norm(x, nw, 1e-5, impl="torch"), w_gate, ids, impl="torch"))
-
-
-@triton_only
-@pytest.mark.parametrize("layers", [2, 3])
-def test_expert_programs_rank_the_router_sums_as_the_routing_kernel_does(gen, layers):
-    """Routing from the O projection's router sums inside the expert kernels (`linear_router_sums`, `RouterSums`)
-    gives the gate/up rows and the down sums of `linear_route`'s routing kernel bit for bit, over every MoE layer of
-    two steps: the same picks, and each layer's sums zeroed before the next step adds into them again (two buffers
-    alternating, three for an odd count)."""
-    from athanor.kernels import linear_route, linear_router_sums, router_sum_slots
-
-    e, hidden, k_in, inter, top_k = 60, 96, 200, 48, 4
-    weights = [dict(wo=torch.randn(hidden, k_in, generator=gen) / k_in**0.5, router=torch.randn(e, hidden, generator=gen),
-                    nw=torch.randn(hidden, generator=gen), gate_up=torch.randn(e, 2 * inter, hidden, generator=gen) * 0.1,
-                    down=torch.randn(e, hidden, inter, generator=gen) * 0.1) for _ in range(layers)]
-    slots = router_sum_slots(layers, 1, e, torch.device("cpu"))
-    for _ in range(2):
-        h = torch.randn(1, hidden, generator=gen)
-        for j, lw in enumerate(weights):
-            attn = torch.randn(1, k_in, generator=gen)
-            args = (attn, lw["wo"], h, lw["router"], lw["nw"], 1e-5, top_k, "softmax", True, None)
-            h_ref, _, ids, topw = linear_route(*args, impl="triton")
-            gate_up_ref = expert_gemv(h_ref, lw["gate_up"], ids, norm_weight=lw["nw"], eps=1e-5, impl="triton")
-            out_ref = expert_gemv(gate_up_ref[:, :inter], lw["down"], ids, up=gate_up_ref[:, inter:], topk_weights=topw,
-                                  residual=h_ref, settled=True, impl="triton")
-            h_new, routed = linear_router_sums(*args, *slots[j], impl="triton")
-            assert isinstance(routed, RouterSums)
-            gate_up = expert_gemv(h_new, lw["gate_up"], routed, norm_weight=lw["nw"], eps=1e-5, impl="triton")
-            out = expert_gemv(gate_up[:, :inter], lw["down"], routed, up=gate_up[:, inter:], topk_weights=routed,
-                              residual=h_new, settled=True, impl="triton")
-            assert torch.equal(h_new, h_ref) and torch.equal(gate_up, gate_up_ref) and torch.equal(out, out_ref)
-            assert not slots[j][1].any()  # the next layer's sums, zeroed by this layer's down call
-            h = out

@@ -29,7 +29,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from athanor.kernels.jit.moe import pick, rank_logits, route_choice, route_row
+from athanor.kernels.jit.moe import rank_logits, route_choice, route_row
 from athanor.kernels.jit.rope import rope_head
 from athanor.kernels.jit.tickets import last_of_group
 
@@ -136,7 +136,7 @@ def fused_gemv_route_kernel(
     X, W, NW, Y, WS, TICKETS, RB, IDS, TOPW,
     M, N, K, eps, x_s0, w_s0, y_s0,
     TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_E: tl.constexpr,
+    BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     PDL: tl.constexpr, EARLY: tl.constexpr,
 ):
@@ -150,7 +150,7 @@ def fused_gemv_route_kernel(
             for m in tl.static_range(BLOCK_M):
                 if m < M:
                     route_row(Y + m * y_s0, RB, IDS + m * TOP_K, TOPW + m * TOP_K, N, TOP_K, SOFTMAX, RENORM,
-                              HAS_BIAS, BLOCK_E)
+                              HAS_BIAS, BLOCK_E, CHUNK)
             tl.atomic_xchg(ticket, 0)
 
 
@@ -194,7 +194,7 @@ def route_sums_kernel(
 ):
     """One token's routing from the sums `fused_gemv_router_kernel` left: its logits are rstd(H row) * SUMS row /
     scale, rounded to H's dtype as the router GEMV's output is (stored in LOGITS), then what `route_kernel` does
-    (ranked from registers: no round trip through memory).
+    (ranked from registers: `rank_logits`).
     The sums are zeroed for the next launch (CUDA-graph replays included)."""
     if PDL:  # the expert kernel after may become resident now; the sums come from the kernel before
         tl.extra.cuda.gdc_launch_dependents()
@@ -288,11 +288,10 @@ def expert_gemv_kernel(
     X, X2, W, W2, IDS, TOPW, NW, R, Y, WS, TICKETS, RB,
     N, N2, K, E, eps,
     x_s0, w_se, w_sn, w2_se, w2_sn, r_s0, y_s0, ids_s0,
-    H, h_s0, HK, inv_scale, CLEAR, clear_n,
     SHARED: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr, SUM: tl.constexpr, RESIDUAL: tl.constexpr,
     TOP_K: tl.constexpr, SETTLED: tl.constexpr,
     ROUTE: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_E: tl.constexpr, SUMS: tl.constexpr, CLEARS: tl.constexpr, RSTD_BLOCK: tl.constexpr,
+    BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
     """A few tokens' routed experts, their ids read on the device: grid (strips of N + N2, tokens * TOP_K).
@@ -307,9 +306,7 @@ def expert_gemv_kernel(
 
     ROUTE: IDS is the router's logits [tokens, E] (row stride ids_s0), not ids: the program ranks its token's E
     logits itself and takes its choice's expert and weight (`route_choice`: what the routing kernel would have
-    stored), so routing needs no launch of its own. SUMS: IDS is the router's int64 sums instead (`RouterSums`): the
-    logits are the row's sums x inv_scale x the rstd of H's row (HK wide, read RSTD_BLOCK at a time), rounded to H's
-    dtype, as `route_sums_kernel` makes them. CLEARS: program (0, 0) zeroes CLEAR[:clear_n] after its wait.
+    stored), so routing needs no launch of its own.
 
     PDL: the program waits for the previous kernel before reading the ids (they come from the routing
     kernel, or the logits from the router's GEMV), unless SETTLED (see `expert_gemv`): then it reads them and
@@ -326,16 +323,8 @@ def expert_gemv_kernel(
     col = (pid_n - strips1 * second.to(tl.int32)) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = col < tl.where(second, N2, N)
     if ROUTE:
-        if SUMS:
-            ev = tl.arange(0, BLOCK_E)
-            sums = tl.load(IDS + token * ids_s0 + ev, mask=ev < E, other=0, cache_modifier=".cg")
-            hr = _row_rstd(H + token * h_s0, HK, eps, tl.arange(0, RSTD_BLOCK), 1, RSTD_BLOCK)
-            logits = (sums.to(tl.float32) * inv_scale * hr).to(H.dtype.element_ty).to(tl.float32)
-            e, route_w = pick(tl.where(ev < E, logits, float("-inf")), RB, pair % TOP_K, E, TOP_K, SOFTMAX, RENORM,
-                              HAS_BIAS, BLOCK_E)
-        else:
-            e, route_w = route_choice(IDS + token * ids_s0, RB, pair % TOP_K, E, TOP_K, SOFTMAX, RENORM, HAS_BIAS,
-                                      BLOCK_E)
+        e, route_w = route_choice(IDS + token * ids_s0, RB, pair % TOP_K, E, TOP_K, SOFTMAX, RENORM, HAS_BIAS,
+                                  BLOCK_E, CHUNK)
         e = e.to(tl.int64)
     else:
         e = tl.load(IDS + pair, cache_modifier=".cg").to(tl.int64)  # from L2: written by another launch
@@ -347,11 +336,6 @@ def expert_gemv_kernel(
         if SETTLED:
             tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    if CLEARS:  # noqa: SIM102 (a constexpr and a runtime test: Triton has no `and` across them)
-        if pid_n + pair == 0:  # every program of the launch before, the last readers of CLEAR, has finished
-            for c0 in range(0, clear_n, 1024):
-                cs = c0 + tl.arange(0, 1024)
-                tl.store(CLEAR + cs, tl.zeros([1024], tl.int64), mask=cs < clear_n)
     row = token if SHARED else pair
     rm = tl.arange(0, 1)
     rstd = tl.zeros([1], tl.float32)
@@ -390,6 +374,6 @@ def _expert_configs() -> list[triton.Config]:
 
 
 expert_gemv_tuned = triton.autotune(configs=_expert_configs(),
-                                    key=["N", "N2", "K", "SHARED", "NORM", "SILU", "SUM", "TOP_K", "SETTLED", "ROUTE", "SUMS", "PDL"])(
+                                    key=["N", "N2", "K", "SHARED", "NORM", "SILU", "SUM", "TOP_K", "SETTLED", "ROUTE", "PDL"])(
     expert_gemv_kernel)
 """`expert_gemv_kernel` with blocks chosen per shape on the GPU."""

@@ -23,7 +23,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from athanor.kernels import (
     KVWrite,
     RouterLogits,
-    RouterSums,
     add_rms_norm,
     decode_attention,
     decode_attention_flex,
@@ -32,14 +31,12 @@ from athanor.kernels import (
     fused_linear,
     linear,
     linear_route,
-    linear_router_sums,
     moe_experts,
     qkv_rope_cache,
     rms_norm,
     rope,
     rope_and_cache,
     rope_cache_attention,
-    router_sum_slots,
     router_topk,
     use_triton,
 )
@@ -176,14 +173,6 @@ class FastForward:
         self.v_cache = [self._allocate_cache() for _ in range(spec.num_layers)]
         self.routing_observer = None
         """Called with (layer, topk_ids [N, top_k]) on every MoE layer when set (routing capture)."""
-        # routing="triton_o_sums": the O projection's router sums, ranked by the expert programs themselves; per MoE
-        # layer (by layer index) its sums and the next one's, which its down projection zeroes.
-        moe_layers = [i for i, layer in enumerate(self.layers) if layer.moe and not layer.has_mlp]
-        self.sum_slots = {}
-        if OPTIONS["routing"] == "triton_o_sums" and len(moe_layers) >= 2:
-            assert spec.moe is not None
-            slots = router_sum_slots(len(moe_layers), FUSED_ROWS, spec.moe.num_experts, ctx.device)
-            self.sum_slots = dict(zip(moe_layers, slots, strict=True))
         self.packed = (self._pack_linears() if str(OPTIONS["gemv"]).startswith("onednn") and ctx.device.type == "cpu"
                        else {})
         """oneDNN copies of the weights `_linear` reads, by id of the weight (empty: F.linear)."""
@@ -392,8 +381,13 @@ class FastForward:
         h: Tensor = F.embedding(tokens, self.embed)  # [B, H]
         for i, layer in enumerate(self.layers):
             attn = self._attend_fused(i, layer, h, positions, slots, kv_lens)
-            if layer.moe and not layer.has_mlp and OPTIONS["routing"] in ("triton_o_epilogue", "triton_o_sums"):
-                h = self._moe_summed(i, layer, attn.flatten(1), h)
+            if layer.moe and not layer.has_mlp and OPTIONS["routing"] == "triton_o_epilogue":
+                moe = self.spec.moe
+                assert moe is not None
+                # The router's logits summed by the O projection as it writes h: no router GEMV launch.
+                h, _, ids, weights = linear_route(attn.flatten(1), layer.wo, h, layer.router, layer.mlp_norm,
+                                                  self.eps, moe.top_k, moe.scoring, moe.renormalize, layer.router_bias)
+                h = self._experts_fused(i, layer, h, ids, weights)
                 continue
             h = fused_linear(attn.flatten(1), layer.wo, residual=h)
             if layer.moe:
@@ -427,22 +421,8 @@ class FastForward:
                 topk_ids, topk_weights = router.route(impl=impl("routing"))
         return self._experts_fused(i, layer, h, topk_ids, topk_weights)
 
-    def _moe_summed(self, i: int, layer: Layer, attn: Tensor, h: Tensor) -> Tensor:
-        """h + O(attn) + the MoE block, the router's logits summed by the O projection as it writes h (no router GEMV
-        launch), then ranked by a routing kernel on the sums or, under "triton_o_sums", by the expert programs
-        themselves (no routing launch either)."""
-        moe = self.spec.moe
-        assert moe is not None
-        args = (attn, layer.wo, h, layer.router, layer.mlp_norm, self.eps, moe.top_k, moe.scoring, moe.renormalize,
-                layer.router_bias)
-        if i in self.sum_slots and self.routing_observer is None:
-            h, routed = linear_router_sums(*args, *self.sum_slots[i])
-            return self._experts_fused(i, layer, h, routed, routed)
-        h, _, ids, weights = linear_route(*args)
-        return self._experts_fused(i, layer, h, ids, weights)
-
-    def _experts_fused(self, i: int, layer: Layer, h: Tensor, topk_ids: Tensor | RouterLogits | RouterSums,
-                       topk_weights: Tensor | RouterLogits | RouterSums) -> Tensor:
+    def _experts_fused(self, i: int, layer: Layer, h: Tensor, topk_ids: Tensor | RouterLogits,
+                       topk_weights: Tensor | RouterLogits) -> Tensor:
         """h + the routed experts of `_moe_fused`, their ids and weights given."""
         if self.routing_observer is not None:
             assert isinstance(topk_ids, Tensor)
