@@ -277,8 +277,10 @@ fused_gemv_tuned = triton.autotune(configs=_configs(), key=["M", "N", "K", "NORM
 runs `fused_gemv_kernel` with fixed blocks instead: timing configs there measures nothing)."""
 fused_gemv_rope_tuned = triton.autotune(configs=_configs(), key=["M", "N", "K", "QK_NORM", "PDL", "EARLY"])(
     fused_gemv_rope_kernel)
-fused_gemv_router_tuned = triton.autotune(configs=_configs(), key=["M", "N", "K", "E", "PDL", "EARLY"])(
-    fused_gemv_router_kernel)
+fused_gemv_router_tuned = triton.autotune(configs=_configs(), key=["M", "N", "K", "E", "PDL", "EARLY"],
+                                          restore_value=["SUMS"])(fused_gemv_router_kernel)
+"""Restores the router sums after timing each config: every timed launch adds into them, and no routing kernel
+runs between (without it, the first launch of an unpinned shape routed on the sums of all the timing runs)."""
 fused_gemv_route_tuned = triton.autotune(configs=_configs(), key=["M", "N", "K", "TOP_K", "PDL", "EARLY"])(
     fused_gemv_route_kernel)
 
