@@ -90,6 +90,20 @@ streams. Measured on an H200 at batch 1 against triggering after the stream: lla
 triggers after the stream."""
 
 
+WIDE_RSTD = os.environ.get("ATHANOR_WIDE_RSTD", "1") != "0"
+"""The fused GEMVs with the RMSNorm inside read the residual row for its RMS in one load where it fits
+(`rstd_block`), not in chunks of the weight tile's BLOCK_K, a round trip to L2 each, before the first tile is
+multiplied. ATHANOR_WIDE_RSTD=0 reads it in BLOCK_K chunks (for A/B runs)."""
+
+
+def rstd_block(k: int) -> int:
+    """The RSTD_BLOCK of a fused GEMV whose normed rows are k long: 0 (the weight tile's BLOCK_K) without
+    `WIDE_RSTD`; else the row in one load up to 4096 (128 on the CPU interpreter, so the tests take the loop too)."""
+    if not WIDE_RSTD:
+        return 0
+    return min(128 if interpreting() else 4096, next_pow2(k))
+
+
 @functools.cache
 def _pdl_capable(index: int | None) -> bool:
     import torch

@@ -23,6 +23,7 @@ from athanor.kernels.dispatch import (
     next_pow2,
     pdl,
     router_sums,
+    rstd_block,
     tickets,
     use_triton,
 )
@@ -241,7 +242,7 @@ def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_
         sums, h, logits, selection_bias if selection_bias is not None else logits, ids, weights, e, n, eps,
         1.0 / ROUTER_SCALE, h.stride(0), TOP_K=top_k, SOFTMAX=scoring == "softmax", RENORM=renormalize,
         HAS_BIAS=selection_bias is not None, BLOCK_E=block_e,
-        BLOCK_K=min(64 if interpreting() else 1024, next_pow2(n)), **pdl(x))
+        BLOCK_K=rstd_block(n) or min(1024, next_pow2(n)), **pdl(x))
     return h, logits, ids, weights
 
 
@@ -256,7 +257,7 @@ def _launch(kernel: Any, tuned: Any, args: tuple[Any, ...], flags: dict[str, Any
     on the CPU interpreter with fixed small blocks and split-K on for long K, so the tests' small shapes take the
     split path too (timing configs there measures nothing). `early`: trigger the next kernel's launch at the start
     (see `dispatch.PDL_EARLY`)."""
-    flags = {**flags, "BLOCK_M": next_pow2(m), **pdl(args[0]), "EARLY": early}
+    flags = {**flags, "BLOCK_M": next_pow2(m), **pdl(args[0]), "EARLY": early, "RSTD_BLOCK": rstd_block(k)}
     if interpreting():
         split = 3 if k >= 192 else 1
         kernel[(cdiv(n, 16), split)](*args, **flags, BLOCK_N=16, BLOCK_K=64, SPLIT_K=split)

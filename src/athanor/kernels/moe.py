@@ -20,7 +20,7 @@ from torch import Tensor
 
 from athanor.errors import ConfigError
 from athanor.kernels.activation import silu_mul
-from athanor.kernels.dispatch import Impl, cdiv, interpreting, next_pow2, pdl, tickets, use_triton
+from athanor.kernels.dispatch import Impl, cdiv, interpreting, next_pow2, pdl, rstd_block, tickets, use_triton
 from athanor.kernels.norm import rms_norm_torch
 
 BACKENDS = ("loop", "grouped_mm", "triton")
@@ -304,7 +304,8 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits, *, w2: Te
              "RESIDUAL": residual is not None, "TOP_K": k, "SETTLED": settled, "ROUTE": router is not None,
              "SOFTMAX": router is not None and router.scoring == "softmax",
              "RENORM": router is not None and router.renormalize, "HAS_BIAS": bias is not None,
-             "BLOCK_E": next_pow2(max(num_experts, 1)), "CHUNK": min(32, next_pow2(max(num_experts, 1))), **pdl(x)}
+             "BLOCK_E": next_pow2(max(num_experts, 1)), "CHUNK": min(32, next_pow2(max(num_experts, 1))),
+             "RSTD_BLOCK": rstd_block(kk), **pdl(x)}
     if interpreting():
         block = 16
         grid = (cdiv(n, block) + cdiv(n2, block), t * k)

@@ -41,10 +41,10 @@ def fused_gemv_kernel(
     x_s0, x2_s0, w_s0, r_s0, y_s0,
     NORM: tl.constexpr, SILU: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, EARLY: tl.constexpr,
+    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr,
 ):
     gemv_strip(X, X2, W, B, NW, R, Y, WS, TICKETS, M, N, K, eps, x_s0, x2_s0, w_s0, r_s0, y_s0,
-               NORM, SILU, BIAS, RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY)
+               NORM, SILU, BIAS, RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK)
 
 
 @triton.jit
@@ -52,7 +52,7 @@ def gemv_strip(
     X, X2, W, B, NW, R, Y, WS, TICKETS, M, N, K, eps, x_s0, x2_s0, w_s0, r_s0, y_s0,
     NORM: tl.constexpr, SILU: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, EARLY: tl.constexpr,
+    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr,
 ):
     """The body of `fused_gemv_kernel`, for the kernels that do more after it (`fused_gemv_rope_kernel`,
     `fused_gemv_route_kernel`). Returns whether this program wrote its strip of Y: always without split-K,
@@ -77,7 +77,7 @@ def gemv_strip(
     rstd = tl.zeros([BLOCK_M], tl.float32)
     if NORM:
         for m in tl.static_range(BLOCK_M):
-            rstd = tl.where(rm == m, _row_rstd(X + m * x_s0, K, eps, rk, M - m, BLOCK_K), rstd)
+            rstd = tl.where(rm == m, _rstd(X + m * x_s0, K, eps, M - m, BLOCK_K, RSTD_BLOCK), rstd)
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc = _tile(acc, w_first, k_lo + rk, k_hi, X, X2, NW, M, x_s0, x2_s0, rstd, rm, NORM, SILU, BLOCK_M)
@@ -112,14 +112,14 @@ def fused_gemv_rope_kernel(
     M, N, K, eps, x_s0, w_s0, y_s0, c_s0, c_s1, c_s2, NUM_Q_HEADS, NUM_KV_HEADS,
     HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr, BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, EARLY: tl.constexpr,
+    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr,
 ):
     """The QKV projection of the RMS-normed residual stream X, then what `rope_kernel` does: the last
     strip of each head to be written (a ticket per head, after the split-K ones) rotates it, q/k-normed
     first under QK_NORM: a q head in place in Y, a k head into K_CACHE at [slot, head, position]; a v
     head is copied into V_CACHE. Y [M, (Hq + 2 Hkv) * HEAD_DIM]; BLOCK_N divides HEAD_DIM."""
     done = gemv_strip(X, X, W, B, NW, Y, Y, WS, TICKETS, M, N, K, eps, x_s0, 0, w_s0, 0, y_s0,
-                      True, False, BIAS, False, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY)
+                      True, False, BIAS, False, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK)
     if done:
         head = tl.program_id(0) * BLOCK_N // HEAD_DIM
         ticket = TICKETS + tl.num_programs(0) + head
@@ -138,12 +138,12 @@ def fused_gemv_route_kernel(
     TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, EARLY: tl.constexpr,
+    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr,
 ):
     """The router's logits Y [M, E] of the RMS-normed residual stream X, then what `route_kernel` does: the
     last strip to be written (a ticket over all strips) picks each row's top-k into IDS and TOPW [M, TOP_K]."""
     done = gemv_strip(X, X, W, W, NW, Y, Y, WS, TICKETS, M, N, K, eps, x_s0, 0, w_s0, 0, y_s0,
-                      True, False, False, False, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY)
+                      True, False, False, False, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK)
     if done:
         ticket = TICKETS + tl.num_programs(0)
         if last_of_group(ticket, tl.num_programs(0)):
@@ -160,7 +160,7 @@ def fused_gemv_router_kernel(
     M, N, K, E, scale, x_s0, w_s0, r_s0, y_s0,
     BLOCK_E: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, EARLY: tl.constexpr,
+    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr,
 ):
     """Y = R + X @ W.T (a projection with the residual add: the O projection before a MoE block), then each row's
     share of the MoE router's logits from this strip of Y: SUMS[m, e] += sum over the strip's columns n of
@@ -175,7 +175,7 @@ def fused_gemv_router_kernel(
     rw = tl.load(RW + e[:, None].to(tl.int64) * N + rn[None, :], mask=e_mask[:, None] & n_mask[None, :], other=0.0)
     rw = rw.to(tl.float32) * tl.load(RNW + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     done = gemv_strip(X, X, W, W, W, R, Y, WS, TICKETS, M, N, K, 0.0, x_s0, 0, w_s0, r_s0, y_s0,
-                      False, False, False, True, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY)
+                      False, False, False, True, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK)
     if done:
         tl.debug_barrier()  # the strip of Y stored by this program's threads, read back by others of them
         for m in tl.static_range(BLOCK_M):
@@ -211,6 +211,16 @@ def route_sums_kernel(
                                         SOFTMAX, RENORM, HAS_BIAS)
     tl.store(IDS + row * TOP_K + rank, e.to(tl.int64), mask=chosen)
     tl.store(TOPW + row * TOP_K + rank, weights, mask=chosen)
+
+
+@triton.jit
+def _rstd(X_ROW, K, eps, rows_left, BLOCK_K: tl.constexpr, RSTD_BLOCK: tl.constexpr):
+    """1 / RMS of the K-long row at X_ROW, read RSTD_BLOCK at a time (`dispatch.rstd_block`: the whole row in one load
+    where it fits), or BLOCK_K at a time, as the weight tiles, when RSTD_BLOCK is 0."""
+    if RSTD_BLOCK == 0:
+        return _row_rstd(X_ROW, K, eps, tl.arange(0, BLOCK_K), rows_left, BLOCK_K)
+    else:
+        return _row_rstd(X_ROW, K, eps, tl.arange(0, RSTD_BLOCK), rows_left, RSTD_BLOCK)
 
 
 @triton.jit
@@ -294,7 +304,7 @@ def expert_gemv_kernel(
     TOP_K: tl.constexpr, SETTLED: tl.constexpr,
     ROUTE: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, RSTD_BLOCK: tl.constexpr,
 ):
     """A few tokens' routed experts, their ids read on the device: grid (strips of N + N2, tokens * TOP_K).
 
@@ -342,7 +352,7 @@ def expert_gemv_kernel(
     rm = tl.arange(0, 1)
     rstd = tl.zeros([1], tl.float32)
     if NORM:
-        rstd += _row_rstd(X + row * x_s0, K, eps, rk, 1, BLOCK_K)
+        rstd += _rstd(X + row * x_s0, K, eps, 1, BLOCK_K, RSTD_BLOCK)
     acc = tl.zeros([1, BLOCK_N], tl.float32)
     acc = _tile(acc, w_first, rk, K, X + row * x_s0, X2 + row * x_s0, NW, 1, 0, 0, rstd, rm, NORM, SILU, 1)
     for k0 in range(BLOCK_K, K, BLOCK_K):
