@@ -6,9 +6,7 @@
 # context 1024, per kernel and critical path.
 #   ATHANOR_COMMIT=<hash> [ROUTING=FILE] bash bench/gpu_merge_early.sh
 source "$(dirname "$0")/_gpu_env.sh"
-timeout 150 python3 -m pytest -q -s -m gpu tests/gpu/test_kernels_gpu.py -k "best_candidate or attention" \
-  > "$OUT/gpu_tests.log" 2>&1
-grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tests.log" | tail -6
+gpu_tests 150 "best_candidate or attention"
 routing=${ROUTING:-.routing/qwen3-30b-a3b_gsm8k_en.json}
 [ -f "$routing" ] || routing=""
 cells=""

@@ -6,9 +6,7 @@
 # Batch 1, context 1024; qwen3 replays $ROUTING (carried). The compiler caches go back as $OUT/compile_cache.tgz.
 #   ATHANOR_COMMIT=<hash> [ROUTING=FILE] [TUNE_BUDGET=240] bash bench/gpu_qwen3_router.sh
 source "$(dirname "$0")/_gpu_env.sh"
-timeout 150 python3 -m pytest -q -s -m gpu tests/gpu/test_kernels_gpu.py -k "linear_route or router_topk" \
-  > "$OUT/gpu_tests.log" 2>&1
-grep -E "passed|failed|FAILED|Error|linear_route 2048|router_topk 128" "$OUT/gpu_tests.log" | tail -8
+gpu_tests 150 "linear_route or router_topk" "linear_route 2048|router_topk 128"
 routing=${ROUTING:-.routing/qwen3-30b-a3b_gsm8k_en.json}
 [ -f "$routing" ] || routing=""
 mkdir -p /tmp/q

@@ -5,9 +5,7 @@
 # then qwen3 and the 1B again in a second pair; per kernel and critical path. GPU tests of the kernels first.
 #   ATHANOR_COMMIT=<hash> [ROUTING=FILE] bash bench/gpu_wide_rstd.sh
 source "$(dirname "$0")/_gpu_env.sh"
-timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_kernels_gpu.py \
-  -k "best_candidate or fused_linear or qkv_rope or expert or linear_route" > "$OUT/gpu_tests.log" 2>&1
-grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tests.log" | tail -4
+gpu_tests 150 "best_candidate or fused_linear or qkv_rope or expert or linear_route"
 routing=${ROUTING:-.routing/qwen3-30b-a3b_gsm8k_en.json}
 [ -f "$routing" ] || routing=""
 all=qwen3-30b-a3b:best:1:1024,llama-3.2-1b:best:1:1024,llama-3.1-8b:best:1:1024

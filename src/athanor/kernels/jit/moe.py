@@ -14,10 +14,16 @@ import triton.language as tl
 
 @triton.jit
 def _route_scores(LOGITS, BIAS, e, e_mask, m, denom, SOFTMAX: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """(scores, chooser) of the experts e: softmax (given the row's max m and sum of exps denom) or
-    sigmoid of the logits; the chooser adds the selection bias and is -inf off e_mask."""
+    """`_scores` of the experts e, their logits loaded from LOGITS."""
     # From L2 (.cg): the logits may have been written by other programs of the same launch (`route_row`).
     logits = tl.load(LOGITS + e, mask=e_mask, other=float("-inf"), cache_modifier=".cg").to(tl.float32)
+    return _scores(logits, BIAS, e, e_mask, m, denom, SOFTMAX, HAS_BIAS)
+
+
+@triton.jit
+def _scores(logits, BIAS, e, e_mask, m, denom, SOFTMAX: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """(scores, chooser) of the experts e: softmax (given the row's max m and sum of exps denom) or
+    sigmoid of the logits; the chooser adds the selection bias and is -inf off e_mask."""
     if SOFTMAX:  # noqa: SIM108 (a statement if on a constexpr: Triton compiles one branch)
         scores = tl.exp(logits - m) / denom
     else:
@@ -26,6 +32,16 @@ def _route_scores(LOGITS, BIAS, e, e_mask, m, denom, SOFTMAX: tl.constexpr, HAS_
     if HAS_BIAS:
         chooser = chooser + tl.load(BIAS + e, mask=e_mask, other=0.0).to(tl.float32)
     return scores, tl.where(e_mask, chooser, float("-inf"))
+
+
+@triton.jit
+def _picks(rank, scores, e_mask, TOP_K: tl.constexpr, RENORM: tl.constexpr):
+    """(which experts are chosen, their routing weights) from their ranks and scores."""
+    chosen = (rank < TOP_K) & e_mask
+    weights = scores
+    if RENORM:
+        weights = weights / tl.sum(tl.where(chosen, scores, 0.0), axis=0)
+    return chosen, weights
 
 
 @triton.jit
@@ -85,10 +101,7 @@ def _ranked(ROW, BIAS, E, TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl
         _, other = _route_scores(ROW, BIAS, j, j < E, m, denom, SOFTMAX, HAS_BIAS)
         beats = (other[None, :] > chooser[:, None]) | ((other[None, :] == chooser[:, None]) & (j[None, :] < e[:, None]))
         rank += tl.sum(beats.to(tl.int32), axis=1)
-    chosen = (rank < TOP_K) & e_mask
-    weights = scores
-    if RENORM:
-        weights = weights / tl.sum(tl.where(chosen, scores, 0.0), axis=0)
+    chosen, weights = _picks(rank, scores, e_mask, TOP_K, RENORM)
     return e, rank, chosen, weights
 
 
@@ -101,22 +114,16 @@ def rank_logits(logits, BIAS, e, E, TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, 
     0.45 us a layer faster than storing them and ranking by `_ranked`; as the routing kernel's ranking (logits
     loaded once) it measured 0.45 us a layer slower than `_ranked`'s chunks (qwen3-30b-a3b on an H200)."""
     e_mask = e < E
+    m = 0.0
+    denom = 1.0
     if SOFTMAX:
         m = tl.max(logits, axis=0)
-        scores = tl.exp(logits - m) / tl.sum(tl.exp(logits - m), axis=0)
-    else:
-        scores = 1.0 / (1.0 + tl.exp(-logits))
-    chooser = scores
-    if HAS_BIAS:
-        chooser = chooser + tl.load(BIAS + e, mask=e_mask, other=0.0).to(tl.float32)
-    chooser = tl.where(e_mask, chooser, float("-inf"))
+        denom = tl.sum(tl.exp(logits - m), axis=0)
+    scores, chooser = _scores(logits, BIAS, e, e_mask, m, denom, SOFTMAX, HAS_BIAS)
     rival = chooser[None, :]
     beats = (rival > chooser[:, None]) | ((rival == chooser[:, None]) & (e[None, :] < e[:, None]))
     rank = tl.sum(beats.to(tl.int32), axis=1)
-    chosen = (rank < TOP_K) & e_mask
-    weights = scores
-    if RENORM:
-        weights = weights / tl.sum(tl.where(chosen, scores, 0.0), axis=0)
+    chosen, weights = _picks(rank, scores, e_mask, TOP_K, RENORM)
     return rank, chosen, weights
 
 
