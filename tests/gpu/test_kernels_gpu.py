@@ -466,3 +466,52 @@ def test_row_kernels_past_two_to_the_31_elements(dev):
     big = gu.view(-1, 4096)  # 1.07e6 rows: the last ones start past 2^31
     y = rms_norm(big, w, 1e-6, impl="triton")
     torch.testing.assert_close(y[-4:], rms_norm(big[-4:], w, 1e-6, impl="torch"), **BF16)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_moe_block_bf16_in_a_graph(dev, rows):
+    """The persistent MoE block (qwen3-30b-a3b: O 4096 -> 2048, 128 experts, top 8, 2048 -> 768 -> 2048), captured and
+    replayed with new inputs, against `linear_route` and the two `expert_gemv` calls: at one row h, logits, ids and
+    weights the same bits (the same blocks and order-free sums), the output within bf16 rounding (other blocks);
+    replays the same bits; no program gave up at a grid barrier (every one resident at once)."""
+    from athanor.kernels import expert_gemv, linear_route, moe_block
+    from athanor.kernels.dispatch import _zeroed
+
+    bf = {"device": dev, "dtype": torch.bfloat16}
+    e, top_k, hidden, k, inter = 128, 8, 2048, 4096, 768
+    x, wo, residual = torch.randn(rows, k, **bf), torch.randn(hidden, k, **bf) / 64, torch.randn(rows, hidden, **bf)
+    router_w, nw = torch.randn(e, hidden, **bf) / hidden**0.5, torch.randn(hidden, **bf)
+    w_gate, w_up = (torch.randn(e, inter, hidden, **bf) / hidden**0.5 for _ in range(2))
+    w_down = torch.randn(e, hidden, inter, **bf) / inter**0.5
+    call = (x, wo, residual, router_w, nw, 1e-6, top_k, "softmax", True, None, w_gate, w_up, w_down)
+
+    def four() -> tuple[torch.Tensor, ...]:
+        h, logits, ids, weights = linear_route(*call[:10])
+        gate_up = expert_gemv(h, w_gate, ids, w2=w_up, norm_weight=nw, eps=1e-6)
+        out = expert_gemv(gate_up[:, :inter], w_down, ids, up=gate_up[:, inter:], topk_weights=weights, residual=h,
+                          settled=True)
+        return out, h, logits, ids, weights
+
+    moe_block(*call), four()  # compile and tune outside the capture
+    graph, two = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        block = moe_block(*call)
+    with torch.cuda.graph(two):
+        four()
+    got = (block.out, block.h, block.logits, block.ids, block.weights)
+    for _ in range(4):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        first = [t.clone() for t in got]
+        graph.replay()
+        assert all(torch.equal(a, b) for a, b in zip(first, got, strict=True))
+        ref = four()
+        if rows == 1:  # the four launches' pinned configs are the block's own blocks at one row
+            for name, a, b in zip(("h", "logits", "ids", "weights"), got[1:], ref[1:], strict=True):
+                assert torch.equal(a, b), name
+        else:  # autotuned: other split-K sums of h, so near ties may route apart
+            torch.testing.assert_close(block.h, ref[1], **BF16)
+            assert (block.ids.sort(1).values == ref[3].sort(1).values).float().mean() > 0.9
+        assert rel_err(block.out, ref[0]) < (1e-2 if rows == 1 else 5e-2)
+    assert int(_zeroed("moe_block_barrier", dev, 4, torch.int32)[2]) == 0, "a program gave up at a grid barrier"
+    print(f"moe_block rows {rows}: {_ms(graph.replay) * 1e3:.1f} us, the four launches {_ms(two.replay) * 1e3:.1f} us")

@@ -32,6 +32,7 @@ from athanor.kernels.moe import (
     moe_experts,
     route,
 )
+from athanor.kernels.moe_block import MoeBlockOutput, moe_block
 from athanor.kernels.norm import add_rms_norm, rms_norm
 from athanor.kernels.per_seq_attention import decode_attention_per_seq
 from athanor.kernels.rope import KVWrite, rope, rope_and_cache
@@ -41,6 +42,7 @@ __all__ = [
     "HAS_TRITON",
     "ExpertGroups",
     "KVWrite",
+    "MoeBlockOutput",
     "RouterLogits",
     "add_rms_norm",
     "decode_attention",
@@ -54,6 +56,7 @@ __all__ = [
     "has_grouped_mm",
     "linear",
     "linear_route",
+    "moe_block",
     "moe_experts",
     "num_kv_splits",
     "qkv_rope_cache",

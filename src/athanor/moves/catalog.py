@@ -106,7 +106,8 @@ MOVES: tuple[Move, ...] = (
              "graph-safe), 'grouped_mm' (pairs sorted by expert, torch._grouped_mm; graph-safe), 'triton' "
              "(block-aligned grouping + a Triton expert GEMM reading each used expert once per 16 pairs; "
              "graph-safe). Anything but 'loop' lets the engine capture MoE decode in CUDA graphs."),
-    Move("routing", ("torch", "triton", "triton_router_epilogue", "triton_expert_prologue", "triton_o_epilogue"),
+    Move("routing", ("torch", "triton", "triton_router_epilogue", "triton_expert_prologue", "triton_o_epilogue",
+                     "triton_moe_block"),
          "torch", applies_to="moe",
          doc="Router softmax/sigmoid + top-k + renormalisation in one Triton kernel (torch: ~6 kernels). "
              "'triton_router_epilogue' (the fused-GEMV layer, batch 1): the router GEMV's last program picks the "
@@ -114,7 +115,9 @@ MOVES: tuple[Move, ...] = (
              "expert GEMVs ranks the router's logits itself and takes its own pick, so routing costs no launch and "
              "no serial tail; 'triton_o_epilogue' (the same layer): the O projection sums the router's logits as "
              "it writes each strip of the residual stream (fixed point, order-free), so the router's GEMV costs no "
-             "launch; elsewhere all three act as 'triton'."),
+             "launch; 'triton_moe_block' (the same layer): that, and routing and the experts' gate/up and down GEMVs, "
+             "in one persistent launch with grid-wide barriers where the four kernel boundaries were; elsewhere all "
+             "act as 'triton'."),
     Move("compile", (None, "default", "max-autotune-no-cudagraphs"), None,
          "torch.compile the decode step (dynamic=False; never 'reduce-overhead': the engine captures graphs). "
          "Fuses the remaining torch elementwise work; costs compile time per batch bucket (tens of seconds "

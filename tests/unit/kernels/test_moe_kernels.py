@@ -11,6 +11,7 @@ from athanor.kernels import (
     expert_gemv,
     group_by_expert,
     grouped_mm,
+    linear_route,
     moe_experts,
     rms_norm,
     route,
@@ -137,3 +138,32 @@ def test_expert_gemv_matches_its_torch_composition(gen, tokens):
     normed = [expert_gemv(x, w_gate, ids, norm_weight=nw, eps=1e-5, impl=impl) for impl in ("triton", "torch")]
     torch.testing.assert_close(normed[0], normed[1], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(normed[1], expert_gemv(rms_norm(x, nw, 1e-5, impl="torch"), w_gate, ids, impl="torch"))
+
+
+@triton_only
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize(("scoring", "with_bias"), [("softmax", False), ("sigmoid", True)])
+def test_moe_block_is_linear_route_then_the_expert_gemvs_bit_for_bit(gen, m, scoring, with_bias):
+    """The persistent MoE block (its three phases as three launches on the interpreter, three programs walking every
+    GEMV's units) against the four launches it stands for: h, logits, ids, weights and the output all the same bits;
+    a second call the same again (the sums and counters left zero). And the PyTorch composition within fp32."""
+    from athanor.kernels.moe_block import moe_block
+
+    experts, top_k, hidden, k, inter = 24, 4, 96, 200, 48
+    x, wo = torch.randn(m, k, generator=gen), torch.randn(hidden, k, generator=gen) / k**0.5
+    residual, nw = torch.randn(m, hidden, generator=gen), torch.randn(hidden, generator=gen)
+    router_w = torch.randn(experts, hidden, generator=gen)
+    sel = torch.randn(experts, generator=gen) * 0.1 if with_bias else None
+    w_gate, w_up = (torch.randn(experts, inter, hidden, generator=gen) / hidden**0.5 for _ in range(2))
+    w_down = torch.randn(experts, hidden, inter, generator=gen) / inter**0.5
+    call = (x, wo, residual, router_w, nw, 1e-5, top_k, scoring, True, sel, w_gate, w_up, w_down)
+    first, again = moe_block(*call), moe_block(*call)
+    h, logits, ids, weights = linear_route(*call[:10])
+    gate_up = expert_gemv(h, w_gate, ids, w2=w_up, norm_weight=nw, eps=1e-5)
+    out = expert_gemv(gate_up[:, :inter], w_down, ids, up=gate_up[:, inter:], topk_weights=weights, residual=h)
+    for name, four in zip(("out", "h", "logits", "ids", "weights"), (out, h, logits, ids, weights), strict=True):
+        assert torch.equal(getattr(first, name), getattr(again, name)), name
+        assert torch.equal(getattr(first, name), four), name
+    torch_out = moe_block(*call, impl="torch")
+    assert torch.equal(first.ids, torch_out.ids)
+    torch.testing.assert_close(first.out, torch_out.out, rtol=1e-4, atol=1e-4)

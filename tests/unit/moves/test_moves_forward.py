@@ -169,15 +169,17 @@ ROUTED_ONLY = dataclasses.replace(PRESETS["tiny-moe"], name="tiny-moe-routed",
                                                 (ROUTED_ONLY, "triton_router_epilogue"),
                                                 (ROUTED_ONLY, "triton_expert_prologue"),
                                                 (ROUTED_ONLY, "triton_o_epilogue"),
+                                                (ROUTED_ONLY, "triton_moe_block"),
                                                 ("tiny-qwen", None), ("tiny-qwen", "triton_router_epilogue")],
                          ids=["tiny-moe", "routed-only", "routed-only-epilogues", "routed-only-expert-prologue",
-                              "routed-only-o-epilogue", "tiny-qwen", "tiny-qwen-epilogues"])
+                              "routed-only-o-epilogue", "routed-only-moe-block", "tiny-qwen", "tiny-qwen-epilogues"])
 def test_fused_layer_at_few_rows_moe_and_qk_norm(preset, routing, tmp_path, gen):
     """The fused decode of a MoE model (with a shared expert: the general MoE path; routed experts only:
     expert ids read on the device, no grouping, `expert_gemv`) and of a Qwen-style one (q/k norms inside the
     RoPE kernel, QKV bias in the GEMV); with a `routing` option, RoPE and the cache write inside the QKV GEMV
     too, and the top-k inside the router GEMV (`triton_router_epilogue`) or in every expert program
-    (`triton_expert_prologue`), or the router's logits summed by the O projection (`triton_o_epilogue`)."""
+    (`triton_expert_prologue`), or the router's logits summed by the O projection (`triton_o_epilogue`), or that and
+    the experts in one persistent launch (`triton_moe_block`)."""
     spec = PRESETS[preset] if isinstance(preset, str) else preset
     options = {**best_options(spec), "gemv": "triton_fused", "fused_qkv": True}
     if routing is not None:

@@ -65,9 +65,7 @@ def gemv_strip(
     rk = tl.arange(0, BLOCK_K)
     rm = tl.arange(0, BLOCK_M)
     w_rows = W + rn[:, None].to(tl.int64) * w_s0
-    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
-    k_lo = tl.program_id(1) * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, K)
+    k_lo, k_hi = k_range(tl.program_id(1), K, BLOCK_K, SPLIT_K)
     # The first weight tile needs nothing from earlier kernels: in flight before the wait.
     w_first = tl.load(w_rows + (k_lo + rk)[None, :], mask=n_mask[:, None] & ((k_lo + rk) < k_hi)[None, :],
                       other=0.0)
@@ -87,12 +85,33 @@ def gemv_strip(
         acc = _tile(acc, w, ks, k_hi, X, X2, NW, M, x_s0, x2_s0, rstd, rm, NORM, SILU, BLOCK_M)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()  # weights read: the next kernel may start (a no-op after EARLY's)
+    return strip_end(acc, pid_n, tl.program_id(1), tl.num_programs(0), B, R, Y, WS, TICKETS, M, N, r_s0, y_s0,
+                     BIAS, RESIDUAL, BLOCK_M, BLOCK_N, SPLIT_K)
 
+
+@triton.jit
+def k_range(pid_k, K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """The [k_lo, k_hi) of split pid_k of K (whole BLOCK_K tiles a split, the last one short)."""
+    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_lo = pid_k * k_per_split
+    return k_lo, tl.minimum(k_lo + k_per_split, K)
+
+
+@triton.jit
+def strip_end(acc, pid_n, pid_k, strips, B, R, Y, WS, TICKETS, M, N, r_s0, y_s0,
+              BIAS: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              SPLIT_K: tl.constexpr):
+    """The end of strip pid_n (of `strips`), split pid_k, its sums `acc` [BLOCK_M, BLOCK_N] made: with split-K the
+    partial into the workspace and the strip's last split sums them, then the epilogue. Returns whether this
+    program wrote the strip of Y."""
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rn < N
+    rm = tl.arange(0, BLOCK_M)
     mask = (rm[:, None] < M) & n_mask[None, :]
     if SPLIT_K > 1:
         tile = pid_n * BLOCK_M * BLOCK_N + rm[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        stride = tl.num_programs(0) * BLOCK_M * BLOCK_N
-        tl.store(WS + tl.program_id(1) * stride + tile, acc)
+        stride = strips * BLOCK_M * BLOCK_N
+        tl.store(WS + pid_k * stride + tile, acc)
         done = last_of_group(TICKETS + pid_n, SPLIT_K)
         if done:
             acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -169,21 +188,36 @@ def fused_gemv_router_kernel(
     scale is one factor per row and comes out of the sum: `route_sums_kernel` applies it and routes."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
-    e = tl.arange(0, BLOCK_E)
-    e_mask = e < E
     # The router's strip (weights: no earlier kernel writes them) is loaded before the projection's wait.
-    rw = tl.load(RW + e[:, None].to(tl.int64) * N + rn[None, :], mask=e_mask[:, None] & n_mask[None, :], other=0.0)
-    rw = rw.to(tl.float32) * tl.load(RNW + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    rw = router_strip(RW, RNW, rn, n_mask, N, E, BLOCK_E)
     done = gemv_strip(X, X, W, W, W, R, Y, WS, TICKETS, M, N, K, 0.0, x_s0, 0, w_s0, r_s0, y_s0,
                       False, False, False, True, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK)
     if done:
-        tl.debug_barrier()  # the strip of Y stored by this program's threads, read back by others of them
-        for m in tl.static_range(BLOCK_M):
-            if m < M:
-                y = tl.load(Y + m * y_s0 + rn, mask=n_mask, other=0.0).to(tl.float32)
-                part = tl.sum(rw * y[None, :], axis=1) * scale
-                fixed = tl.where(part >= 0, part + 0.5, part - 0.5).to(tl.int64)
-                tl.atomic_add(SUMS + m * E + e, fixed, mask=e_mask, sem="relaxed")
+        add_router_share(rw, Y, SUMS, rn, n_mask, M, E, scale, y_s0, BLOCK_E, BLOCK_M)
+
+
+@triton.jit
+def router_strip(RW, RNW, rn, n_mask, N, E, BLOCK_E: tl.constexpr):
+    """The router's columns rn [BLOCK_E, BLOCK_N], times the RMSNorm weight's, in fp32 (RW: [E, N]; RNW: [N])."""
+    e = tl.arange(0, BLOCK_E)
+    rw = tl.load(RW + e[:, None].to(tl.int64) * N + rn[None, :], mask=(e < E)[:, None] & n_mask[None, :], other=0.0)
+    return rw.to(tl.float32) * tl.load(RNW + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+
+
+@triton.jit
+def add_router_share(rw, Y, SUMS, rn, n_mask, M, E, scale, y_s0, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr):
+    """SUMS[m, e] += the fixed-point share of the columns rn of Y's row m in each expert's logit (`router_strip`'s
+    rw), for the M rows: the epilogue of a program that has just stored its strip of Y."""
+    tl.debug_barrier()  # the strip of Y stored by this program's threads, read back by others of them
+    e = tl.arange(0, BLOCK_E)
+    for m in tl.static_range(BLOCK_M):
+        if m < M:
+            # From L2 (.cg): an L1 line holding this strip also holds its neighbours', which other programs of the
+            # launch may not have written yet (`moe_block_kernel` reads them from this SM later).
+            y = tl.load(Y + m * y_s0 + rn, mask=n_mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+            part = tl.sum(rw * y[None, :], axis=1) * scale
+            fixed = tl.where(part >= 0, part + 0.5, part - 0.5).to(tl.int64)
+            tl.atomic_add(SUMS + m * E + e, fixed, mask=e < E, sem="relaxed")
 
 
 @triton.jit

@@ -31,6 +31,7 @@ from athanor.kernels import (
     fused_linear,
     linear,
     linear_route,
+    moe_block,
     moe_experts,
     qkv_rope_cache,
     rms_norm,
@@ -381,6 +382,9 @@ class FastForward:
         h: Tensor = F.embedding(tokens, self.embed)  # [B, H]
         for i, layer in enumerate(self.layers):
             attn = self._attend_fused(i, layer, h, positions, slots, kv_lens)
+            if layer.moe and not layer.has_mlp and OPTIONS["routing"] == "triton_moe_block":
+                h = self._moe_block(i, layer, attn.flatten(1), h)
+                continue
             if layer.moe and not layer.has_mlp and OPTIONS["routing"] == "triton_o_epilogue":
                 moe = self.spec.moe
                 assert moe is not None
@@ -420,6 +424,23 @@ class FastForward:
             else:
                 topk_ids, topk_weights = router.route(impl=impl("routing"))
         return self._experts_fused(i, layer, h, topk_ids, topk_weights)
+
+    def _moe_block(self, i: int, layer: Layer, attn: Tensor, h: Tensor) -> Tensor:
+        """h + the O projection of attn, then + the routed experts (no shared one): one persistent launch in Triton
+        (`moe_block`: grid-wide barriers where the kernel boundaries were), the router's logits summed by the O
+        projection as in `triton_o_epilogue`."""
+        moe = self.spec.moe
+        assert moe is not None
+        gate_up_w = layer.experts_gate_up
+        if isinstance(gate_up_w, tuple):
+            w_gate, w_up = gate_up_w
+        else:  # one [E, 2 * NI, H] tensor: its halves
+            w_gate, w_up = gate_up_w.chunk(2, dim=1)
+        block = moe_block(attn, layer.wo, h, layer.router, layer.mlp_norm, self.eps, moe.top_k, moe.scoring,
+                          moe.renormalize, layer.router_bias, w_gate, w_up, layer.experts_down)
+        if self.routing_observer is not None:
+            self.routing_observer(i, block.ids)
+        return block.out
 
     def _experts_fused(self, i: int, layer: Layer, h: Tensor, topk_ids: Tensor | RouterLogits,
                        topk_weights: Tensor | RouterLogits) -> Tensor:

@@ -1,0 +1,111 @@
+"""The persistent MoE block (`routing=triton_moe_block`) against the MoE best-known options, in one process (issue 7).
+
+The model is loaded and its routing replayed once; then the best-known candidate and the block's candidate are timed
+alternately through the engine's captured path (`bench_decode`, batch 1), the block under each config in turn
+(ATHANOR_MOE_BLOCK, read at graph capture: `athanor.kernels.moe_block.MoeBlockConfig`), and last the fastest config
+and the best-known alternately again, since the fastest of several timings is flattered by its noise.
+
+    python bench/moe_block_sweep.py --model qwen3-30b-a3b [--routing FILE] [--configs "per_sm=3;phases=3"]
+                                    [--budget 240]
+
+Writes $OUT/moe_block_sweep_<model>.json (every timing, each config's grid) and prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+CONFIGS = ("", "per_sm=3", "per_sm=1,num_warps=8", "block_n3=16", "split_k1=1,block_k1=512", "num_stages=4",
+           "phases=3")
+"""ATHANOR_MOE_BLOCK values tried after the default ("")."""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen3-30b-a3b")
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--routing", default=None, help="a recorded routing profile to replay")
+    parser.add_argument("--configs", default=";".join(CONFIGS[1:]), help="';'-separated ATHANOR_MOE_BLOCK values")
+    parser.add_argument("--budget", type=float, default=240.0, help="seconds of config timings before the check")
+    args = parser.parse_args()
+
+    import torch
+
+    from athanor.kernels import moe_block as block_module
+    from athanor.model.presets import PRESETS
+    from athanor.moves import best_options, render
+    from athanor.moves.decode_bench import bench_decode
+    from decode_matrix import _load
+
+    out = Path(os.environ.get("OUT", "bench/results"))
+    out.mkdir(parents=True, exist_ok=True)
+    _, model, profile, error = _load(args.model, args.routing)
+    if model is None:
+        print(f"error: {args.model} did not load: {error}", file=sys.stderr)
+        return 1
+    timings: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="athanor-moe-block-") as tmp:
+        files = {}
+        for name, routing in (("best", None), ("block", "triton_moe_block")):
+            options = best_options(PRESETS[args.model])
+            if routing:
+                options["routing"] = routing
+            files[name] = Path(tmp) / f"{name}.py"
+            files[name].write_text(render("fast", options))
+
+        def step_ms(name: str, config: str = "") -> float:
+            os.environ["ATHANOR_MOE_BLOCK"] = config
+            gc.collect()
+            torch.cuda.empty_cache()
+            record = bench_decode(args.model, 1, args.context, candidate=str(files[name]), routing=args.routing,
+                                  model=model, profile=profile, iters=10, min_time_s=0.5)
+            label = name + (f" [{config}]" if name == "block" else "")
+            if record["status"] != "ok":
+                print(f"{label}: {record.get('error', record['status'])}", flush=True)
+                timings.append({"label": label, "config": config, "error": record.get("error", record["status"])})
+                return float("inf")
+            ms = float(record["ms_per_token"])
+            timings.append({"label": label, "config": config, "ms_per_token": ms})
+            print(f"{label}: {ms:.4f} ms", flush=True)
+            return ms
+
+        results: dict[str, float] = {}
+        for _ in range(2):
+            step_ms("best")
+            results[""] = min(results.get("", float("inf")), step_ms("block"))
+        t0 = time.perf_counter()
+        for config in filter(None, args.configs.split(";")):
+            if time.perf_counter() - t0 > args.budget:
+                print(f"budget spent: {config!r} not timed", flush=True)
+                break
+            results[config] = step_ms("block", config)
+        fastest = min(results, key=lambda c: results[c])
+        check: dict[str, list[float]] = {"best": [], "block": []}
+        for _ in range(2):
+            check["best"].append(step_ms("best"))
+            check["block"].append(step_ms("block", fastest))
+
+    result = {"model": args.model, "context": args.context, "routing": args.routing,
+              "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "git_commit": os.environ.get("ATHANOR_COMMIT", ""), "timings": timings, "fastest_config": fastest,
+              "check": check, "resident_per_sm": [[list(map(str, key)), n] for key, n in block_module._RESIDENT.items()]}
+    (out / f"moe_block_sweep_{args.model}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"\n{'candidate':<48} {'ms/token':>9}")
+    for t in timings:
+        print(f"{t['label']:<48} {t.get('ms_per_token', float('nan')):>9.4f}")
+    print(f"check: best {check['best']}, block [{fastest}] {check['block']} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
