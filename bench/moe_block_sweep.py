@@ -25,8 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-CONFIGS = ("", "per_sm=3", "per_sm=1,num_warps=8", "block_n3=16", "split_k1=1,block_k1=512", "num_stages=4",
-           "phases=3")
+CONFIGS = ("", "per_sm=3", "split_k1=1", "per_sm=3,split_k1=1", "block_n3=16", "phases=3")
 """ATHANOR_MOE_BLOCK values tried after the default ("")."""
 
 
@@ -41,7 +40,7 @@ def main() -> int:
 
     import torch
 
-    from athanor.kernels import moe_block as block_module
+    from athanor.kernels.moe_block import _RESIDENT
     from athanor.model.presets import PRESETS
     from athanor.moves import best_options, render
     from athanor.moves.decode_bench import bench_decode
@@ -98,7 +97,7 @@ def main() -> int:
     result = {"model": args.model, "context": args.context, "routing": args.routing,
               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "git_commit": os.environ.get("ATHANOR_COMMIT", ""), "timings": timings, "fastest_config": fastest,
-              "check": check, "resident_per_sm": [[list(map(str, key)), n] for key, n in block_module._RESIDENT.items()]}
+              "check": check, "resident_per_sm": [[list(map(str, key)), n] for key, n in _RESIDENT.items()]}
     (out / f"moe_block_sweep_{args.model}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(f"\n{'candidate':<48} {'ms/token':>9}")
     for t in timings:

@@ -94,7 +94,7 @@ fails a test instead of hanging the GPU."""
 
 def moe_block(x: Tensor, wo: Tensor, residual: Tensor, router_w: Tensor, norm_weight: Tensor, eps: float, top_k: int,
               scoring: str, renormalize: bool, selection_bias: Tensor | None, w_gate: Tensor, w_up: Tensor,
-              w_down: Tensor, impl: Impl = None) -> MoeBlockOutput:
+              w_down: Tensor, impl: Impl = None, stamps: Tensor | None = None) -> MoeBlockOutput:
     """The O projection and the MoE block after it, for <= 8 decode rows:
 
         h = residual + x @ wo.T; logits, ids, weights = linear_route(...)   (see `linear_route`)
@@ -103,7 +103,8 @@ def moe_block(x: Tensor, wo: Tensor, residual: Tensor, router_w: Tensor, norm_we
 
     w_gate, w_up: [E, NI, H]; w_down: [E, H, NI]. In Triton one launch does it all (`jit.moe_block`), bit for bit
     what `linear_route` and the two `expert_gemv` calls give for the same blocks; elsewhere (PyTorch, more rows,
-    another scoring) those are called."""
+    another scoring) those are called. `stamps` (int64, [programs, 8] at least, on the GPU): each program's clock at
+    the phases' ends (`jit.moe_block`'s TIMING), for `bench/moe_block_phases.py`."""
     m, k = x.shape
     e, hidden = router_w.shape
     ni = w_gate.shape[1]
@@ -129,14 +130,14 @@ def moe_block(x: Tensor, wo: Tensor, residual: Tensor, router_w: Tensor, norm_we
     gate_up = torch.empty((m * top_k, 2 * ni), dtype=x.dtype, device=dev)
     args = (x, wo, residual, h, _workspace(m, hidden, dev), tickets(dev), router_w, norm_weight, router_sums(dev),
             logits, selection_bias if selection_bias is not None else logits, ids, weights, w_gate, w_up, gate_up,
-            w_down, out, _zeroed("moe_block_barrier", dev, 4, torch.int32),
+            w_down, out, _zeroed("moe_block_barrier", dev, 4, torch.int32), stamps if stamps is not None else ids,
             m, hidden, k, e, ni, eps, ROUTER_SCALE, 1.0 / ROUTER_SCALE,
             x.stride(0), wo.stride(0), residual.stride(0), h.stride(0), w_gate.stride(0), w_gate.stride(1),
             w_up.stride(0), w_up.stride(1), gate_up.stride(0), w_down.stride(0), w_down.stride(1), out.stride(0))
     flags: dict[str, Any] = {"TOP_K": top_k, "SOFTMAX": scoring == "softmax", "RENORM": renormalize,
                              "HAS_BIAS": selection_bias is not None, "BLOCK_E": next_pow2(e), "BLOCK_M": next_pow2(m),
                              "BLOCK_P": next_pow2(next_pow2(m) * top_k), "RSTD_BLOCK": rstd_block(hidden),
-                             "SPINS": SPINS, **pdl(x)}
+                             "SPINS": SPINS, "TIMING": stamps is not None, **pdl(x)}
     if interpreting():  # the blocks of linear_route's and expert_gemv's interpreter launches: the same bits
         split = 3 if k >= 192 else 1
         meta = {"BLOCK_N1": 16, "BLOCK_K1": 64, "SPLIT_K1": split, "BLOCK_N2": 16, "BLOCK_K2": 32, "BLOCK_N3": 16,

@@ -39,22 +39,25 @@ from athanor.kernels.jit.tickets import last_of_group
 
 @triton.jit
 def moe_block_kernel(
-    X, WO, R, H, WS, TICKETS, RW, NW, SUMS, LOGITS, RB, IDS, TOPW, WG, WU, GU, WD, OUT, BAR,
+    X, WO, R, H, WS, TICKETS, RW, NW, SUMS, LOGITS, RB, IDS, TOPW, WG, WU, GU, WD, OUT, BAR, STAMPS,
     M, N, K, E, NI, eps, scale, inv_scale,
     x_s0, wo_s0, r_s0, h_s0, wg_se, wg_sn, wu_se, wu_sn, gu_s0, wd_se, wd_sn, out_s0,
     TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_E: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_K1: tl.constexpr, SPLIT_K1: tl.constexpr,
     BLOCK_N2: tl.constexpr, BLOCK_K2: tl.constexpr, BLOCK_N3: tl.constexpr, BLOCK_K3: tl.constexpr,
-    PHASE: tl.constexpr, PDL: tl.constexpr, RSTD_BLOCK: tl.constexpr, SPINS: tl.constexpr,
+    PHASE: tl.constexpr, PDL: tl.constexpr, RSTD_BLOCK: tl.constexpr, SPINS: tl.constexpr, TIMING: tl.constexpr,
 ):
     """OUT = H + the routed experts of rms_norm(H), H = R + X @ WO.T, for M <= BLOCK_M rows (see the module).
 
     X [M, K], WO [N, K], R/H/OUT [M, N]; RW [E, N] the router, NW [N] the block's RMSNorm weight, SUMS [M, E] int64
     zeros; LOGITS [M, E], IDS [M, TOP_K] int64, TOPW [M, TOP_K] fp32 (out); WG/WU [E, NI, N] the experts' gate and
     up, GU [M * TOP_K, 2 * NI] (out), WD [E, N, NI] their down; BAR int32 [3] zeros. PHASE 0: all three phases with
-    grid barriers between; 1, 2, 3: that phase alone (three launches)."""
+    grid barriers between; 1, 2, 3: that phase alone (three launches). TIMING: each program stores the GPU's clock at
+    its start, the end of phase 1, after the barrier, after the routing, at the end of phase 2, after the barrier and
+    at its end into STAMPS [programs, 8] int64 (`bench/moe_block_phases.py`)."""
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
+    _stamp(STAMPS, pid, 0, TIMING)
     if PDL:  # the grid is resident before the next kernel can launch: it launches once every program is running
         tl.extra.cuda.gdc_launch_dependents()
     if PHASE <= 1:
@@ -62,8 +65,10 @@ def moe_block_kernel(
                  BLOCK_E, BLOCK_M, BLOCK_N1, BLOCK_K1, SPLIT_K1, PDL)
     elif PDL:
         tl.extra.cuda.gdc_wait()
+    _stamp(STAMPS, pid, 1, TIMING)
     if PHASE == 0:
         _grid_barrier(BAR, programs, SPINS)
+    _stamp(STAMPS, pid, 2, TIMING)
     if PHASE == 0 or PHASE == 2:
         rm = tl.arange(0, BLOCK_M)
         rstd = tl.zeros([BLOCK_M], tl.float32)
@@ -87,15 +92,28 @@ def moe_block_kernel(
                     tl.store(TOPW + m * TOP_K + rank, weights, mask=chosen)
         if PHASE == 2:
             _release(SUMS, BAR, M, E, programs, BLOCK_M, BLOCK_E, False)
+        _stamp(STAMPS, pid, 3, TIMING)
         _gate_up_phase(pid, programs, experts, rstd, H, NW, WG, WU, GU, M, N, NI, h_s0, wg_se, wg_sn, wu_se, wu_sn,
                        gu_s0, TOP_K, BLOCK_M, BLOCK_P, BLOCK_N2, BLOCK_K2)
+    _stamp(STAMPS, pid, 4, TIMING)
     if PHASE == 0:
         _grid_barrier(BAR, 2 * programs, SPINS)
+    _stamp(STAMPS, pid, 5, TIMING)
     if PHASE == 0 or PHASE == 3:
         _down_phase(pid, programs, IDS, TOPW, GU, WD, H, OUT, M, N, NI, gu_s0, wd_se, wd_sn, h_s0, out_s0,
                     TOP_K, BLOCK_P, BLOCK_N3, BLOCK_K3)
+    _stamp(STAMPS, pid, 6, TIMING)
     if PHASE == 0:
         _release(SUMS, BAR, M, E, programs, BLOCK_M, BLOCK_E, True)
+
+
+@triton.jit
+def _stamp(STAMPS, pid, slot, TIMING: tl.constexpr):
+    """STAMPS[pid, slot] = the GPU's nanosecond clock (%globaltimer), under TIMING."""
+    if TIMING:
+        now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [pid], dtype=tl.int64, is_pure=False,
+                                        pack=1)
+        tl.store(STAMPS + pid * 8 + slot, now)
 
 
 @triton.jit

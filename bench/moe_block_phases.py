@@ -1,0 +1,100 @@
+"""Where the persistent MoE block's time goes, phase by phase (issue 7): qwen3-30b-a3b's block shapes (O 4096 -> 2048,
+128 experts, top 8, 2048 -> 768 -> 2048) at one row, random bf16 weights, replayed from a CUDA graph.
+
+For each ATHANOR_MOE_BLOCK config: the block's time per call, and from each program's clock stamps (`moe_block(...,
+stamps=)`, the kernel's TIMING) the median and the latest program's time at the end of phase 1 (the O projection),
+after the first grid barrier, after the routing, at the end of phase 2 (gate/up), after the second barrier and at
+the end (down), from the earliest program's start; then the four launches it stands for (`linear_route` and two
+`expert_gemv` calls) in a graph of their own.
+
+    python bench/moe_block_phases.py [--configs ";per_sm=3;split_k1=1"]
+
+Writes $OUT/moe_block_phases.json and prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SLOTS = ("O", "barrier 1", "routing", "gate/up", "barrier 2", "down")
+"""What ends at each stamp after the start (`jit.moe_block`'s TIMING)."""
+
+
+def _graph_us(fn: Any, iters: int = 20) -> tuple[float, torch.cuda.CUDAGraph]:
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters * 1e3, graph
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", default=";per_sm=3;split_k1=1;per_sm=3,split_k1=1;split_k1=2,per_sm=3")
+    args = parser.parse_args()
+
+    from athanor.kernels import expert_gemv, linear_route, moe_block
+
+    torch.manual_seed(0)
+    bf = {"device": "cuda", "dtype": torch.bfloat16}
+    e, top_k, hidden, k, inter = 128, 8, 2048, 4096, 768
+    x, wo, residual = torch.randn(1, k, **bf), torch.randn(hidden, k, **bf) / 64, torch.randn(1, hidden, **bf)
+    router_w, nw = torch.randn(e, hidden, **bf) / hidden**0.5, torch.randn(hidden, **bf)
+    w_gate, w_up = (torch.randn(e, inter, hidden, **bf) / hidden**0.5 for _ in range(2))
+    w_down = torch.randn(e, hidden, inter, **bf) / inter**0.5
+    call = (x, wo, residual, router_w, nw, 1e-6, top_k, "softmax", True, None, w_gate, w_up, w_down)
+    stamps = torch.zeros(4096, 8, dtype=torch.int64, device="cuda")
+
+    def four() -> None:
+        h, _, ids, weights = linear_route(*call[:10])
+        gate_up = expert_gemv(h, w_gate, ids, w2=w_up, norm_weight=nw, eps=1e-6)
+        expert_gemv(gate_up[:, :inter], w_down, ids, up=gate_up[:, inter:], topk_weights=weights, residual=h,
+                    settled=True)
+
+    rows: list[dict[str, Any]] = []
+    for config in args.configs.split(";"):
+        os.environ["ATHANOR_MOE_BLOCK"] = config
+        us, _ = _graph_us(lambda: moe_block(*call))
+        stamps.zero_()
+        _, graph = _graph_us(lambda: moe_block(*call, stamps=stamps), iters=3)
+        graph.replay()
+        torch.cuda.synchronize()
+        t = stamps[stamps[:, 0] > 0].double()
+        rel = (t[:, 1:7] - t[:, :1].min()) / 1e3
+        row = {"config": config or "(default)", "us": us, "programs": int(t.shape[0]),
+               "median_us": [round(float(v), 2) for v in rel.median(0).values],
+               "latest_us": [round(float(v), 2) for v in rel.max(0).values]}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    us_four, _ = _graph_us(four)
+    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "git_commit": os.environ.get("ATHANOR_COMMIT", ""), "slots": SLOTS, "rows": rows, "four_launches_us": us_four}
+    out = Path(os.environ.get("OUT", "bench/results"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "moe_block_phases.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nthe four launches: {us_four:.1f} us a call; the block, each phase's end from the first start "
+          "(median / latest program), us:")
+    print(f"{'config':<28} {'us':>6} {'P':>4} " + " ".join(f"{s:>13}" for s in SLOTS))
+    for row in rows:
+        ends = " ".join(f"{m:>6.1f}/{x:<6.1f}" for m, x in zip(row["median_us"], row["latest_us"], strict=True))
+        print(f"{row['config']:<28} {row['us']:>6.1f} {row['programs']:>4} {ends}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
