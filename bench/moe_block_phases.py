@@ -82,8 +82,8 @@ def main() -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
     us_four, _ = _graph_us(four)
-    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "git_commit": os.environ.get("ATHANOR_COMMIT", ""), "slots": SLOTS, "rows": rows, "four_launches_us": us_four}
+    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "slots": SLOTS, "rows": rows,
+              "git_commit": os.environ.get("ATHANOR_COMMIT", ""), "four_launches_us": us_four}
     out = Path(os.environ.get("OUT", "bench/results"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "moe_block_phases.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -33,19 +33,23 @@ from athanor.kernels.moe import expert_gemv
 class MoeBlockConfig:
     """Blocks of the persistent kernel's three GEMVs (1: O, split-K; 2: the experts' gate/up; 3: their down) and
     its grid: `per_sm` programs an SM, fewer where the compiled kernel's registers or shared memory do not let
-    that many be resident at once (the grid barrier needs them all). `phases` 3 runs the phases as three launches
-    (no barrier: for A/B runs). ATHANOR_MOE_BLOCK="block_n1=8,per_sm=3,..." changes any of them."""
+    that many be resident at once (the grid barrier needs them all). `rank_chunk`: `rank_logits`'s CHUNK (0:
+    every rank at once in registers). `ahead`: weight tiles in flight while one is summed (1 or 2). `phases` 3 runs
+    the phases as three launches (no barrier: for A/B runs). ATHANOR_MOE_BLOCK="block_n1=8,per_sm=3,..." changes any
+    of them."""
 
     block_n1: int = 8
     block_k1: int = 512
-    split_k1: int = 4
+    split_k1: int = 1
     block_n2: int = 16
     block_k2: int = 256
     block_n3: int = 8
     block_k3: int = 256
+    rank_chunk: int = 32
+    ahead: int = 1
     num_warps: int = 4
     num_stages: int = 3
-    per_sm: int = 2
+    per_sm: int = 4
     phases: int = 1
 
     @classmethod
@@ -59,8 +63,8 @@ class MoeBlockConfig:
                 raise ConfigError(f"{where}: {item!r} is not name=integer with a name among {sorted(names)}")
             values[name] = int(value)
         config = cls(**values)
-        if config.phases not in (1, 3):
-            raise ConfigError(f"{where}: phases must be 1 (one launch) or 3, not {config.phases}")
+        if config.phases not in (1, 3) or config.ahead not in (1, 2):
+            raise ConfigError(f"{where}: phases must be 1 (one launch) or 3, and ahead 1 or 2: not {text!r}")
         return config
 
 
@@ -86,6 +90,9 @@ class MoeBlockOutput:
     ids: Tensor
     weights: Tensor
 
+
+MAX_PROGRAMS_PER_SM = 32
+"""The most programs an SM holds at once (Hopper): the grid is at most this many an SM."""
 
 SPINS = 1 << 22
 """Reads of the barrier's count before a program gives up waiting (~a second): a grid that cannot be resident at once
@@ -131,6 +138,7 @@ def moe_block(x: Tensor, wo: Tensor, residual: Tensor, router_w: Tensor, norm_we
     args = (x, wo, residual, h, _workspace(m, hidden, dev), tickets(dev), router_w, norm_weight, router_sums(dev),
             logits, selection_bias if selection_bias is not None else logits, ids, weights, w_gate, w_up, gate_up,
             w_down, out, _zeroed("moe_block_barrier", dev, 4, torch.int32), stamps if stamps is not None else ids,
+            _zeroed("moe_block_choosers", dev, MAX_PROGRAMS_PER_SM * _num_sms(dev) * next_pow2(e), torch.float32),
             m, hidden, k, e, ni, eps, ROUTER_SCALE, 1.0 / ROUTER_SCALE,
             x.stride(0), wo.stride(0), residual.stride(0), h.stride(0), w_gate.stride(0), w_gate.stride(1),
             w_up.stride(0), w_up.stride(1), gate_up.stride(0), w_down.stride(0), w_down.stride(1), out.stride(0))
@@ -141,13 +149,13 @@ def moe_block(x: Tensor, wo: Tensor, residual: Tensor, router_w: Tensor, norm_we
     if interpreting():  # the blocks of linear_route's and expert_gemv's interpreter launches: the same bits
         split = 3 if k >= 192 else 1
         meta = {"BLOCK_N1": 16, "BLOCK_K1": 64, "SPLIT_K1": split, "BLOCK_N2": 16, "BLOCK_K2": 32, "BLOCK_N3": 16,
-                "BLOCK_K3": 32}
+                "BLOCK_K3": 32, "RANK_CHUNK": 8, "AHEAD": 2}
         for phase in (1, 2, 3):  # the interpreter runs programs one after another: no barrier can wait
             moe_block_kernel[(3,)](*args, **flags, **meta, PHASE=phase)
         return MoeBlockOutput(out, h, logits, ids, weights)
     config = moe_block_config()
-    meta = {name.upper(): value for name, value in asdict(config).items() if name.startswith("block_") or
-            name == "split_k1"}
+    meta = {name.upper(): value for name, value in asdict(config).items()
+            if name.startswith("block_") or name in ("split_k1", "rank_chunk", "ahead")}
     launch = {**meta, "num_warps": config.num_warps, "num_stages": config.num_stages}
     if config.phases == 3:
         programs = _num_sms(dev) * config.per_sm
@@ -176,9 +184,9 @@ def resident_per_sm(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any], 
         warps = kwargs.get("num_warps", 4)
         regs_per_warp = cdiv(max(compiled.n_regs, 1) * 32, 256) * 256  # allocated per warp in units of 256
         fits = [getattr(props, "regs_per_multiprocessor", 65536) // (regs_per_warp * warps),
-                getattr(props, "max_threads_per_multi_processor", 2048) // (32 * warps), 32]
+                getattr(props, "max_threads_per_multi_processor", 2048) // (32 * warps)]
         shared = compiled.metadata.shared
         if shared:
             fits.append(getattr(props, "shared_memory_per_multiprocessor", 233472) // (shared + 1024))
-        _RESIDENT[key] = max(1, min(wanted, *fits))
+        _RESIDENT[key] = max(1, min(wanted, MAX_PROGRAMS_PER_SM, *fits))
     return _RESIDENT[key]

@@ -242,7 +242,7 @@ def route_sums_kernel(
     tl.store(LOGITS + row * E + e, logits, mask=e_mask)
     tl.store(SUMS + row * E + e, tl.zeros_like(sums), mask=e_mask)
     rank, chosen, weights = rank_logits(tl.where(e_mask, logits.to(tl.float32), float("-inf")), RB, e, E, TOP_K,
-                                        SOFTMAX, RENORM, HAS_BIAS)
+                                        SOFTMAX, RENORM, HAS_BIAS, LOGITS, 0)
     tl.store(IDS + row * TOP_K + rank, e.to(tl.int64), mask=chosen)
     tl.store(TOPW + row * TOP_K + rank, weights, mask=chosen)
 

@@ -107,12 +107,15 @@ def _ranked(ROW, BIAS, E, TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl
 
 @triton.jit
 def rank_logits(logits, BIAS, e, E, TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr,
-                HAS_BIAS: tl.constexpr):
+                HAS_BIAS: tl.constexpr, CHOOSERS, CHUNK: tl.constexpr):
     """What `_ranked` returns but the experts, for logits already in registers ([BLOCK_E] fp32, -inf past E, at
-    experts e = arange(BLOCK_E)): the rank counted over the whole [BLOCK_E, BLOCK_E] comparison at once, with no
-    round trip through memory. For a kernel that made the logits itself (`route_sums_kernel`): there it measured
-    0.45 us a layer faster than storing them and ranking by `_ranked`; as the routing kernel's ranking (logits
-    loaded once) it measured 0.45 us a layer slower than `_ranked`'s chunks (qwen3-30b-a3b on an H200)."""
+    experts e = arange(BLOCK_E)). CHUNK 0: the rank counted over the whole [BLOCK_E, BLOCK_E] comparison at once,
+    with no round trip through memory. For a kernel that made the logits itself (`route_sums_kernel`): there it
+    measured 0.45 us a layer faster than storing them and ranking by `_ranked`; as the routing kernel's ranking
+    (logits loaded once) it measured 0.45 us a layer slower than `_ranked`'s chunks (qwen3-30b-a3b on an H200).
+    Else the choosers are stored at CHOOSERS [BLOCK_E] fp32 (this program's own scratch) and the rivals read back
+    CHUNK at a time in a loop that is not unrolled: a fraction of the registers and of the code, for a kernel that
+    runs it once a program among much else (`moe_block_kernel`)."""
     e_mask = e < E
     m = 0.0
     denom = 1.0
@@ -120,9 +123,20 @@ def rank_logits(logits, BIAS, e, E, TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, 
         m = tl.max(logits, axis=0)
         denom = tl.sum(tl.exp(logits - m), axis=0)
     scores, chooser = _scores(logits, BIAS, e, e_mask, m, denom, SOFTMAX, HAS_BIAS)
-    rival = chooser[None, :]
-    beats = (rival > chooser[:, None]) | ((rival == chooser[:, None]) & (e[None, :] < e[:, None]))
-    rank = tl.sum(beats.to(tl.int32), axis=1)
+    if CHUNK == 0:
+        rival = chooser[None, :]
+        beats = (rival > chooser[:, None]) | ((rival == chooser[:, None]) & (e[None, :] < e[:, None]))
+        rank = tl.sum(beats.to(tl.int32), axis=1)
+    else:
+        tl.store(CHOOSERS + e, chooser)
+        tl.debug_barrier()  # every thread's choosers stored before any is read back
+        rank = tl.zeros_like(e)
+        for j0 in range(0, E, CHUNK):  # E, not BLOCK_E: a runtime bound, a loop the compiler does not unroll
+            j = j0 + tl.arange(0, CHUNK)
+            rival = tl.load(CHOOSERS + j)[None, :]
+            beats = (rival > chooser[:, None]) | ((rival == chooser[:, None]) & (j[None, :] < e[:, None]))
+            rank += tl.sum(beats.to(tl.int32), axis=1)
+        tl.debug_barrier()  # read back before the scratch is written again (the next row's)
     chosen, weights = _picks(rank, scores, e_mask, TOP_K, RENORM)
     return rank, chosen, weights
 

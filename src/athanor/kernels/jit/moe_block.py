@@ -39,22 +39,25 @@ from athanor.kernels.jit.tickets import last_of_group
 
 @triton.jit
 def moe_block_kernel(
-    X, WO, R, H, WS, TICKETS, RW, NW, SUMS, LOGITS, RB, IDS, TOPW, WG, WU, GU, WD, OUT, BAR, STAMPS,
+    X, WO, R, H, WS, TICKETS, RW, NW, SUMS, LOGITS, RB, IDS, TOPW, WG, WU, GU, WD, OUT, BAR, STAMPS, SCRATCH,
     M, N, K, E, NI, eps, scale, inv_scale,
     x_s0, wo_s0, r_s0, h_s0, wg_se, wg_sn, wu_se, wu_sn, gu_s0, wd_se, wd_sn, out_s0,
     TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_E: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_K1: tl.constexpr, SPLIT_K1: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_N1: tl.constexpr, BLOCK_K1: tl.constexpr, SPLIT_K1: tl.constexpr,
     BLOCK_N2: tl.constexpr, BLOCK_K2: tl.constexpr, BLOCK_N3: tl.constexpr, BLOCK_K3: tl.constexpr,
-    PHASE: tl.constexpr, PDL: tl.constexpr, RSTD_BLOCK: tl.constexpr, SPINS: tl.constexpr, TIMING: tl.constexpr,
+    RANK_CHUNK: tl.constexpr, AHEAD: tl.constexpr, PHASE: tl.constexpr, PDL: tl.constexpr, RSTD_BLOCK: tl.constexpr,
+    SPINS: tl.constexpr, TIMING: tl.constexpr,
 ):
     """OUT = H + the routed experts of rms_norm(H), H = R + X @ WO.T, for M <= BLOCK_M rows (see the module).
 
     X [M, K], WO [N, K], R/H/OUT [M, N]; RW [E, N] the router, NW [N] the block's RMSNorm weight, SUMS [M, E] int64
     zeros; LOGITS [M, E], IDS [M, TOP_K] int64, TOPW [M, TOP_K] fp32 (out); WG/WU [E, NI, N] the experts' gate and
-    up, GU [M * TOP_K, 2 * NI] (out), WD [E, N, NI] their down; BAR int32 [3] zeros. PHASE 0: all three phases with
-    grid barriers between; 1, 2, 3: that phase alone (three launches). TIMING: each program stores the GPU's clock at
-    its start, the end of phase 1, after the barrier, after the routing, at the end of phase 2, after the barrier and
-    at its end into STAMPS [programs, 8] int64 (`bench/moe_block_phases.py`)."""
+    up, GU [M * TOP_K, 2 * NI] (out), WD [E, N, NI] their down; BAR int32 [3] zeros; SCRATCH fp32 [programs, BLOCK_E]
+    (`rank_logits`'s choosers when RANK_CHUNK > 0). AHEAD (1 or 2): weight tiles in flight while one is summed.
+    PHASE 0: all three phases with grid barriers between; 1, 2, 3: that phase alone (three launches). TIMING: each
+    program stores the GPU's clock at its start, the end of phase 1, after the barrier, after the routing, at the end
+    of phase 2, after the barrier and at its end into STAMPS [programs, 8] int64 (`bench/moe_block_phases.py`)."""
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     _stamp(STAMPS, pid, 0, TIMING)
@@ -62,7 +65,7 @@ def moe_block_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     if PHASE <= 1:
         _o_phase(pid, programs, X, WO, R, H, WS, TICKETS, RW, NW, SUMS, M, N, K, E, scale, x_s0, wo_s0, r_s0, h_s0,
-                 BLOCK_E, BLOCK_M, BLOCK_N1, BLOCK_K1, SPLIT_K1, PDL)
+                 BLOCK_E, BLOCK_M, BLOCK_N1, BLOCK_K1, SPLIT_K1, AHEAD, PDL)
     elif PDL:
         tl.extra.cuda.gdc_wait()
     _stamp(STAMPS, pid, 1, TIMING)
@@ -83,7 +86,8 @@ def moe_block_kernel(
                 sums = tl.load(SUMS + m * E + e, mask=e_mask, other=0, cache_modifier=".cg")
                 logits = (sums.to(tl.float32) * inv_scale * r).to(LOGITS.dtype.element_ty)
                 rank, chosen, weights = rank_logits(tl.where(e_mask, logits.to(tl.float32), float("-inf")), RB, e, E,
-                                                    TOP_K, SOFTMAX, RENORM, HAS_BIAS)
+                                                    TOP_K, SOFTMAX, RENORM, HAS_BIAS, SCRATCH + pid * BLOCK_E,
+                                                    RANK_CHUNK)
                 hit = ((m * TOP_K + rank)[None, :] == pair[:, None]) & chosen[None, :]
                 experts += tl.sum(tl.where(hit, e[None, :], 0), axis=1)
                 if pid == 0:
@@ -94,14 +98,14 @@ def moe_block_kernel(
             _release(SUMS, BAR, M, E, programs, BLOCK_M, BLOCK_E, False)
         _stamp(STAMPS, pid, 3, TIMING)
         _gate_up_phase(pid, programs, experts, rstd, H, NW, WG, WU, GU, M, N, NI, h_s0, wg_se, wg_sn, wu_se, wu_sn,
-                       gu_s0, TOP_K, BLOCK_M, BLOCK_P, BLOCK_N2, BLOCK_K2)
+                       gu_s0, TOP_K, BLOCK_M, BLOCK_P, BLOCK_N2, BLOCK_K2, AHEAD)
     _stamp(STAMPS, pid, 4, TIMING)
     if PHASE == 0:
         _grid_barrier(BAR, 2 * programs, SPINS)
     _stamp(STAMPS, pid, 5, TIMING)
     if PHASE == 0 or PHASE == 3:
         _down_phase(pid, programs, IDS, TOPW, GU, WD, H, OUT, M, N, NI, gu_s0, wd_se, wd_sn, h_s0, out_s0,
-                    TOP_K, BLOCK_P, BLOCK_N3, BLOCK_K3)
+                    TOP_K, BLOCK_P, BLOCK_N3, BLOCK_K3, AHEAD)
     _stamp(STAMPS, pid, 6, TIMING)
     if PHASE == 0:
         _release(SUMS, BAR, M, E, programs, BLOCK_M, BLOCK_E, True)
@@ -119,7 +123,7 @@ def _stamp(STAMPS, pid, slot, TIMING: tl.constexpr):
 @triton.jit
 def _o_phase(pid, programs, X, WO, R, H, WS, TICKETS, RW, NW, SUMS, M, N, K, E, scale, x_s0, wo_s0, r_s0, h_s0,
              BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-             SPLIT_K: tl.constexpr, PDL: tl.constexpr):
+             SPLIT_K: tl.constexpr, AHEAD: tl.constexpr, PDL: tl.constexpr):
     """Phase 1: units (strip, split) of H = R + X @ WO.T, every programs-th from pid, their tiles in one loop, the
     next tile's load issued before this one's sums (the first before the PDL wait); each finished strip's share of
     the router's sums."""
@@ -128,6 +132,7 @@ def _o_phase(pid, programs, X, WO, R, H, WS, TICKETS, RW, NW, SUMS, M, N, K, E, 
     tiles = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K)
     total = tl.where(pid < units, tl.cdiv(units - pid, programs), 0) * tiles
     w_next = _o_load(0, total, pid, programs, tiles, WO, N, K, wo_s0, BLOCK_N, BLOCK_K, SPLIT_K)
+    w_after = _o_load(AHEAD - 1, total, pid, programs, tiles, WO, N, K, wo_s0, BLOCK_N, BLOCK_K, SPLIT_K)
     if PDL:
         tl.extra.cuda.gdc_wait()
     rm = tl.arange(0, BLOCK_M)
@@ -136,7 +141,11 @@ def _o_phase(pid, programs, X, WO, R, H, WS, TICKETS, RW, NW, SUMS, M, N, K, E, 
     for it in range(0, total):
         pid_n, pid_k, kt, ks, k_hi = _o_at(it, pid, programs, tiles, K, BLOCK_K, SPLIT_K)
         w = w_next
-        w_next = _o_load(it + 1, total, pid, programs, tiles, WO, N, K, wo_s0, BLOCK_N, BLOCK_K, SPLIT_K)
+        if AHEAD == 2:  # two tiles in flight: the one after next issued now
+            w_next = w_after
+            w_after = _o_load(it + 2, total, pid, programs, tiles, WO, N, K, wo_s0, BLOCK_N, BLOCK_K, SPLIT_K)
+        else:
+            w_next = _o_load(it + 1, total, pid, programs, tiles, WO, N, K, wo_s0, BLOCK_N, BLOCK_K, SPLIT_K)
         acc = _tile(tl.where(kt == 0, 0.0, acc), w, ks, k_hi, X, X, WO, M, x_s0, 0, rstd, rm, False, False, BLOCK_M)
         if kt == tiles - 1:  # noqa: SIM102 (Triton evaluates both sides of an `and`: strip_end only at a unit's end)
             if strip_end(acc, pid_n, pid_k, strips, WO, R, H, WS, TICKETS, M, N, r_s0, h_s0, False, True, BLOCK_M,
@@ -172,7 +181,7 @@ def _o_load(it, total, pid, programs, tiles, WO, N, K, wo_s0, BLOCK_N: tl.conste
 @triton.jit
 def _gate_up_phase(pid, programs, experts, rstd, H, NW, WG, WU, GU, M, N, NI, h_s0, wg_se, wg_sn, wu_se, wu_sn, gu_s0,
                    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr):
+                   BLOCK_K: tl.constexpr, AHEAD: tl.constexpr):
     """Phase 2's GEMV: units (pair, strip of the gate rows then of the up rows) of GU[pair] = [gate | up] @
     rms_norm(H[token]), the pair's expert from `experts` (registers), every programs-th unit from pid, their tiles
     in one loop, the next tile's load issued before this one's sums."""
@@ -185,11 +194,18 @@ def _gate_up_phase(pid, programs, experts, rstd, H, NW, WG, WU, GU, M, N, NI, h_
     acc = tl.zeros([1, BLOCK_N], tl.float32)
     w_next = _gate_up_load(0, total, pid, programs, tiles, half, experts, WG, WU, N, NI, wg_se, wg_sn, wu_se, wu_sn,
                            BLOCK_P, BLOCK_N, BLOCK_K)
+    w_after = _gate_up_load(AHEAD - 1, total, pid, programs, tiles, half, experts, WG, WU, N, NI, wg_se, wg_sn, wu_se,
+                            wu_sn, BLOCK_P, BLOCK_N, BLOCK_K)
     for it in range(0, total):
         pair, kt, ks, col, n_mask, second = _gate_up_at(it, pid, programs, tiles, half, NI, BLOCK_N, BLOCK_K)
         w = w_next
-        w_next = _gate_up_load(it + 1, total, pid, programs, tiles, half, experts, WG, WU, N, NI, wg_se, wg_sn, wu_se,
-                               wu_sn, BLOCK_P, BLOCK_N, BLOCK_K)
+        if AHEAD == 2:  # two tiles in flight: the one after next issued now
+            w_next = w_after
+            w_after = _gate_up_load(it + 2, total, pid, programs, tiles, half, experts, WG, WU, N, NI, wg_se, wg_sn,
+                                    wu_se, wu_sn, BLOCK_P, BLOCK_N, BLOCK_K)
+        else:
+            w_next = _gate_up_load(it + 1, total, pid, programs, tiles, half, experts, WG, WU, N, NI, wg_se, wg_sn,
+                                   wu_se, wu_sn, BLOCK_P, BLOCK_N, BLOCK_K)
         token = pair // TOP_K
         r = tl.zeros([1], tl.float32) + tl.sum(tl.where(rm == token, rstd, 0.0), axis=0)
         acc = _tile(tl.where(kt == 0, 0.0, acc), w, ks, N, H + token * h_s0, H, NW, 1, 0, 0, r, one, True, False, 1)
@@ -225,7 +241,8 @@ def _gate_up_load(it, total, pid, programs, tiles, half, experts, WG, WU, N, NI,
 
 @triton.jit
 def _down_phase(pid, programs, IDS, TOPW, GU, WD, H, OUT, M, N, NI, gu_s0, wd_se, wd_sn, h_s0, out_s0,
-                TOP_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                TOP_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                AHEAD: tl.constexpr):
     """Phase 3: units (token, strip) of OUT = H + sum over the token's experts j of TOPW[j] * (silu(gate) * up of
     GU's row) @ WD[IDS[j]].T, every programs-th unit from pid; a unit's TOP_K experts and their tiles, and the next
     unit's, in one loop, the next tile's load issued before this one's sums. The ids and weights are read back from
@@ -243,11 +260,18 @@ def _down_phase(pid, programs, IDS, TOPW, GU, WD, H, OUT, M, N, NI, gu_s0, wd_se
     total_w = tl.zeros([1, BLOCK_N], tl.float32)
     w_next = _down_load(0, total, pid, programs, tiles, strips, experts, WD, N, NI, wd_se, wd_sn, TOP_K, BLOCK_P,
                         BLOCK_N, BLOCK_K)
+    w_after = _down_load(AHEAD - 1, total, pid, programs, tiles, strips, experts, WD, N, NI, wd_se, wd_sn, TOP_K,
+                         BLOCK_P, BLOCK_N, BLOCK_K)
     for it in range(0, total):
         token, choice, kt, ks, col = _down_at(it, pid, programs, tiles, strips, TOP_K, BLOCK_N, BLOCK_K)
         w = w_next
-        w_next = _down_load(it + 1, total, pid, programs, tiles, strips, experts, WD, N, NI, wd_se, wd_sn, TOP_K,
-                            BLOCK_P, BLOCK_N, BLOCK_K)
+        if AHEAD == 2:  # two tiles in flight: the one after next issued now
+            w_next = w_after
+            w_after = _down_load(it + 2, total, pid, programs, tiles, strips, experts, WD, N, NI, wd_se, wd_sn,
+                                 TOP_K, BLOCK_P, BLOCK_N, BLOCK_K)
+        else:
+            w_next = _down_load(it + 1, total, pid, programs, tiles, strips, experts, WD, N, NI, wd_se, wd_sn, TOP_K,
+                                BLOCK_P, BLOCK_N, BLOCK_K)
         pair = token * TOP_K + choice
         acc = _tile(tl.where(kt == 0, 0.0, acc), w, ks, NI, GU + pair * gu_s0, GU + pair * gu_s0 + NI, GU, 1, 0, 0,
                     tl.zeros([1], tl.float32), one, False, True, 1)
