@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (~8 min on an H200), issue 7: qwen3-30b-a3b with the MoE block in one persistent launch
 # (`routing=triton_moe_block`: the O projection, routing and the experts' GEMVs with grid barriers between) against
-# the MoE best-known options, alternating, under each ATHANOR_MOE_BLOCK config of `bench/moe_block_sweep.py`. GPU tests
+# the MoE best-known options, alternating, under each ATHANOR_MOE_BLOCK config of `bench/env_sweep.py`. GPU tests
 # first (the block against the four launches in a graph); the sweep is skipped if they fail. Batch 1, context 1024;
 # qwen3 replays $ROUTING (carried). Between them, the block's phases timed apart (`bench/moe_block_phases.py`, its
 # configs $PHASE_CONFIGS). The compiler caches go back as $OUT/compile_cache.tgz.
@@ -17,7 +17,7 @@ else
     | tail -12
   routing=${ROUTING:-.routing/qwen3-30b-a3b_gsm8k_en.json}
   [ -f "$routing" ] || routing=""
-  timeout $((${SWEEP_BUDGET:-200} + 200)) python3 bench/moe_block_sweep.py --model qwen3-30b-a3b \
+  timeout $((${SWEEP_BUDGET:-200} + 200)) python3 bench/env_sweep.py --model qwen3-30b-a3b \
     ${routing:+--routing "$routing"} --budget "${SWEEP_BUDGET:-200}" ${CONFIGS:+--configs "$CONFIGS"} 2>&1 \
     | grep -vE "^\s*$|Warning|warn" | tail -40
 fi

@@ -14,10 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from athanor.errors import ConfigError
 from athanor.kernels.attention import _num_sms
 from athanor.kernels.dispatch import (
     PDL_EARLY,
     Impl,
+    _zeroed,
     cdiv,
     interpreting,
     next_pow2,
@@ -190,6 +192,16 @@ def router_topk(h: Tensor, w: Tensor, norm_weight: Tensor, eps: float, top_k: in
     return ids, weights
 
 
+def route_chunk() -> int:
+    """`linear_route`'s routing kernel ranks its experts CHUNK rivals at a time in a loop (`rank_logits`), or all at
+    once in registers with 0 (the default): ATHANOR_ROUTE_CHUNK, read at each launch from Python (for A/B runs in one
+    process, `bench/gpu_qwen3_tune.sh`)."""
+    value = os.environ.get("ATHANOR_ROUTE_CHUNK", "0")
+    if not value.isdigit() or (int(value) & (int(value) - 1)):
+        raise ConfigError(f"ATHANOR_ROUTE_CHUNK must be 0 or a power of two, not {value!r}")
+    return int(value)
+
+
 ROUTER_SCALE = 2.0**32
 """The fixed point of the router sums of `linear_route`: a logit's sum (before the RMSNorm's scale) is kept to
 2^-32 and may reach 2^31 in magnitude (a share of one strip, |h * norm weight * router weight| summed over its
@@ -238,11 +250,13 @@ def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_
     args = (x, w, residual, h, _workspace(m, n, x.device), tickets(x.device), router_w, norm_weight, sums,
             m, n, k, e, ROUTER_SCALE, x.stride(0), w.stride(0), residual.stride(0), h.stride(0))
     _launch(fused_gemv_router_kernel, fused_gemv_router_tuned, args, {"BLOCK_E": block_e}, m, n, k)
+    chunk = min(route_chunk(), block_e)
     route_sums_kernel[(m,)](
-        sums, h, logits, selection_bias if selection_bias is not None else logits, ids, weights, e, n, eps,
+        sums, h, logits, selection_bias if selection_bias is not None else logits, ids, weights,
+        _zeroed("route_choosers", x.device, MAX_FUSED_ROWS * 1024, torch.float32), e, n, eps,
         1.0 / ROUTER_SCALE, h.stride(0), TOP_K=top_k, SOFTMAX=scoring == "softmax", RENORM=renormalize,
         HAS_BIAS=selection_bias is not None, BLOCK_E=block_e,
-        BLOCK_K=rstd_block(n) or min(1024, next_pow2(n)), **pdl(x))
+        BLOCK_K=rstd_block(n) or min(1024, next_pow2(n)), CHUNK=chunk, **pdl(x))
     return h, logits, ids, weights
 
 

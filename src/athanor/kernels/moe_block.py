@@ -39,12 +39,12 @@ class MoeBlockConfig:
     of them."""
 
     block_n1: int = 8
-    block_k1: int = 512
+    block_k1: int = 1024
     split_k1: int = 1
     block_n2: int = 16
-    block_k2: int = 256
+    block_k2: int = 512
     block_n3: int = 8
-    block_k3: int = 256
+    block_k3: int = 1024
     rank_chunk: int = 32
     ahead: int = 1
     num_warps: int = 4
@@ -70,7 +70,7 @@ class MoeBlockConfig:
 
 def moe_block_config() -> MoeBlockConfig:
     """The GPU config: the defaults, changed by ATHANOR_MOE_BLOCK (read at each launch from Python, i.e. each graph
-    capture: `bench/moe_block_sweep.py` times configs in one process)."""
+    capture: `bench/env_sweep.py` times configs in one process)."""
     return _parsed(os.environ.get("ATHANOR_MOE_BLOCK", ""))
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from athanor.errors import ConfigError
 from athanor.kernels import (
     HAS_TRITON,
     KVWrite,
@@ -185,6 +186,24 @@ def test_linear_route_is_the_projection_then_the_router_gemv_then_route(gen, imp
     ref_ids, ref_weights = route(ref_logits, 4, scoring, True, sel, impl="torch")
     assert torch.equal(ids, ref_ids)
     torch.testing.assert_close(weights, ref_weights, rtol=1e-5, atol=1e-6)
+
+
+@triton_only
+def test_linear_route_ranks_the_same_in_chunks(gen, monkeypatch):
+    """ATHANOR_ROUTE_CHUNK: the routing kernel's ranks counted 8 rivals at a time from stored choosers give what all
+    at once in registers gives, bit for bit (3 rows: each its own scratch row)."""
+    experts, hidden, k = 60, 96, 200
+    x, w = torch.randn(3, k, generator=gen), torch.randn(hidden, k, generator=gen) / k**0.5
+    residual, nw = torch.randn(3, hidden, generator=gen), torch.randn(hidden, generator=gen)
+    router_w = torch.randn(experts, hidden, generator=gen)
+    call = (x, w, residual, router_w, nw, 1e-5, 4, "softmax", True, None)
+    at_once = linear_route(*call, impl="triton")
+    monkeypatch.setenv("ATHANOR_ROUTE_CHUNK", "8")
+    chunked = linear_route(*call, impl="triton")
+    assert all(torch.equal(a, b) for a, b in zip(at_once, chunked, strict=True))
+    monkeypatch.setenv("ATHANOR_ROUTE_CHUNK", "6")
+    with pytest.raises(ConfigError, match="ATHANOR_ROUTE_CHUNK"):
+        linear_route(*call, impl="triton")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

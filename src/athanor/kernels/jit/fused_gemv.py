@@ -222,13 +222,13 @@ def add_router_share(rw, Y, SUMS, rn, n_mask, M, E, scale, y_s0, BLOCK_E: tl.con
 
 @triton.jit
 def route_sums_kernel(
-    SUMS, H, LOGITS, RB, IDS, TOPW, E, K, eps, inv_scale, h_s0,
+    SUMS, H, LOGITS, RB, IDS, TOPW, CHOOSERS, E, K, eps, inv_scale, h_s0,
     TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr,
 ):
     """One token's routing from the sums `fused_gemv_router_kernel` left: its logits are rstd(H row) * SUMS row /
     scale, rounded to H's dtype as the router GEMV's output is (stored in LOGITS), then what `route_kernel` does
-    (ranked from registers: `rank_logits`).
+    (ranked by `rank_logits`, CHUNK rivals at a time from CHOOSERS [rows, BLOCK_E], or all at once with CHUNK 0).
     The sums are zeroed for the next launch (CUDA-graph replays included)."""
     if PDL:  # the expert kernel after may become resident now; the sums come from the kernel before
         tl.extra.cuda.gdc_launch_dependents()
@@ -242,7 +242,7 @@ def route_sums_kernel(
     tl.store(LOGITS + row * E + e, logits, mask=e_mask)
     tl.store(SUMS + row * E + e, tl.zeros_like(sums), mask=e_mask)
     rank, chosen, weights = rank_logits(tl.where(e_mask, logits.to(tl.float32), float("-inf")), RB, e, E, TOP_K,
-                                        SOFTMAX, RENORM, HAS_BIAS, LOGITS, 0)
+                                        SOFTMAX, RENORM, HAS_BIAS, CHOOSERS + row * BLOCK_E, CHUNK)
     tl.store(IDS + row * TOP_K + rank, e.to(tl.int64), mask=chosen)
     tl.store(TOPW + row * TOP_K + rank, weights, mask=chosen)
 
@@ -414,7 +414,10 @@ def expert_gemv_kernel(
 
 
 def _expert_configs() -> list[triton.Config]:
-    shapes = [(8, 512, 4, 3), (16, 256, 4, 3), (16, 512, 4, 3), (32, 256, 4, 3), (32, 512, 4, 2), (64, 128, 4, 3)]
+    # BLOCK_K 1024: a down projection's K (768 for qwen3-30b-a3b) in one tile; the persistent MoE block's phases ran
+    # much faster with their K in fewer, larger tiles (`bench/results/moe-block/`).
+    shapes = [(8, 512, 4, 3), (16, 256, 4, 3), (16, 512, 4, 3), (32, 256, 4, 3), (32, 512, 4, 2), (64, 128, 4, 3),
+              (8, 1024, 4, 2), (16, 1024, 4, 2)]
     return [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=warps, num_stages=stages)
             for n, k, warps, stages in shapes]
 

@@ -1,14 +1,16 @@
-"""The persistent MoE block (`routing=triton_moe_block`) against the MoE best-known options, in one process (issue 7).
+"""Settings read at graph capture, each against the MoE best-known options, in one process (issue 7).
 
-The model is loaded and its routing replayed once; then the best-known candidate and the block's candidate are timed
-alternately through the engine's captured path (`bench_decode`, batch 1), the block under each config in turn
-(ATHANOR_MOE_BLOCK, read at graph capture: `athanor.kernels.moe_block.MoeBlockConfig`), and last the fastest config
-and the best-known alternately again, since the fastest of several timings is flattered by its noise.
+The model is loaded and its routing replayed once; then the best-known candidate and a candidate (`--candidate`: the
+persistent MoE block, `routing=triton_moe_block`, or the best-known itself) are timed alternately through the
+engine's captured path (`bench_decode`, batch 1), the candidate under each value of an environment variable in turn
+(`--var`: ATHANOR_MOE_BLOCK, the block's config, `athanor.kernels.moe_block.MoeBlockConfig`; or e.g.
+ATHANOR_ROUTE_CHUNK), and last the fastest value and the best-known alternately again, since the fastest of several
+timings is flattered by its noise. The empty value is the variable unset.
 
-    python bench/moe_block_sweep.py --model qwen3-30b-a3b [--routing FILE] [--configs "per_sm=3;phases=3"]
-                                    [--budget 240]
+    python bench/env_sweep.py --model qwen3-30b-a3b [--routing FILE] [--configs "per_sm=3;phases=3"]
+                                    [--candidate block|best] [--var ATHANOR_MOE_BLOCK] [--budget 240]
 
-Writes $OUT/moe_block_sweep_<model>.json (every timing, each config's grid) and prints a table last.
+Writes $OUT/sweep_<var>_<model>.json (every timing, the block's grids) and prints a table last.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ def main() -> int:
     parser.add_argument("--routing", default=None, help="a recorded routing profile to replay")
     parser.add_argument("--configs", default=";".join(CONFIGS[1:]), help="';'-separated ATHANOR_MOE_BLOCK values")
     parser.add_argument("--budget", type=float, default=240.0, help="seconds of config timings before the check")
+    parser.add_argument("--candidate", choices=("block", "best"), default="block")
+    parser.add_argument("--var", default="ATHANOR_MOE_BLOCK", help="the environment variable the configs set")
     args = parser.parse_args()
 
     import torch
@@ -63,12 +67,14 @@ def main() -> int:
             files[name].write_text(render("fast", options))
 
         def step_ms(name: str, config: str = "") -> float:
-            os.environ["ATHANOR_MOE_BLOCK"] = config
+            os.environ.pop(args.var, None)
+            if config:
+                os.environ[args.var] = config
             gc.collect()
             torch.cuda.empty_cache()
             record = bench_decode(args.model, 1, args.context, candidate=str(files[name]), routing=args.routing,
                                   model=model, profile=profile, iters=10, min_time_s=0.5)
-            label = name + (f" [{config}]" if name == "block" else "")
+            label = name + (f" [{config}]" if config else "")
             if record["status"] != "ok":
                 print(f"{label}: {record.get('error', record['status'])}", flush=True)
                 timings.append({"label": label, "config": config, "error": record.get("error", record["status"])})
@@ -81,28 +87,29 @@ def main() -> int:
         results: dict[str, float] = {}
         for _ in range(2):
             step_ms("best")
-            results[""] = min(results.get("", float("inf")), step_ms("block"))
+            results[""] = min(results.get("", float("inf")), step_ms(args.candidate))
         t0 = time.perf_counter()
         for config in filter(None, args.configs.split(";")):
             if time.perf_counter() - t0 > args.budget:
                 print(f"budget spent: {config!r} not timed", flush=True)
                 break
-            results[config] = step_ms("block", config)
+            results[config] = step_ms(args.candidate, config)
         fastest = min(results, key=lambda c: results[c])
-        check: dict[str, list[float]] = {"best": [], "block": []}
+        check: dict[str, list[float]] = {"best": [], "candidate": []}
         for _ in range(2):
             check["best"].append(step_ms("best"))
-            check["block"].append(step_ms("block", fastest))
+            check["candidate"].append(step_ms(args.candidate, fastest))
 
-    result = {"model": args.model, "context": args.context, "routing": args.routing,
+    result = {"model": args.model, "context": args.context, "routing": args.routing, "candidate": args.candidate,
+              "var": args.var,
               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "git_commit": os.environ.get("ATHANOR_COMMIT", ""), "timings": timings, "fastest_config": fastest,
               "check": check, "resident_per_sm": [[list(map(str, key)), n] for key, n in _RESIDENT.items()]}
-    (out / f"moe_block_sweep_{args.model}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    (out / f"sweep_{args.var.lower()}_{args.model}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(f"\n{'candidate':<48} {'ms/token':>9}")
     for t in timings:
         print(f"{t['label']:<48} {t.get('ms_per_token', float('nan')):>9.4f}")
-    print(f"check: best {check['best']}, block [{fastest}] {check['block']} ms")
+    print(f"check: best {check['best']}, {args.candidate} [{args.var}={fastest}] {check['candidate']} ms")
     return 0
 
 
