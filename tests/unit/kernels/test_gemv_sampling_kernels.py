@@ -191,12 +191,13 @@ def test_linear_route_is_the_projection_then_the_router_gemv_then_route(gen, imp
 @triton_only
 def test_linear_route_ranks_the_same_in_chunks(gen, monkeypatch):
     """ATHANOR_ROUTE_CHUNK: the routing kernel's ranks counted 8 rivals at a time from stored choosers give what all
-    at once in registers gives, bit for bit (3 rows: each its own scratch row)."""
+    at once in registers (0) gives, bit for bit (3 rows: each its own scratch row)."""
     experts, hidden, k = 60, 96, 200
     x, w = torch.randn(3, k, generator=gen), torch.randn(hidden, k, generator=gen) / k**0.5
     residual, nw = torch.randn(3, hidden, generator=gen), torch.randn(hidden, generator=gen)
     router_w = torch.randn(experts, hidden, generator=gen)
     call = (x, w, residual, router_w, nw, 1e-5, 4, "softmax", True, None)
+    monkeypatch.setenv("ATHANOR_ROUTE_CHUNK", "0")
     at_once = linear_route(*call, impl="triton")
     monkeypatch.setenv("ATHANOR_ROUTE_CHUNK", "8")
     chunked = linear_route(*call, impl="triton")
