@@ -3,9 +3,10 @@
 
 For each ATHANOR_MOE_BLOCK config: the block's time per call, and from each program's clock stamps (`moe_block(...,
 stamps=)`, the kernel's TIMING) the median and the latest program's time at the end of phase 1 (the O projection),
-after the first grid barrier, after the routing, at the end of phase 2 (gate/up), after the second barrier and at
-the end (down), from the earliest program's start; then the four launches it stands for (`linear_route` and two
-`expert_gemv` calls) in a graph of their own.
+once the routing is known, at the end of phase 2 (gate/up), after the barrier and at the end (down), from the
+earliest program's start; whether its output is the four launches' it stands for (`linear_route` and two
+`expert_gemv` calls: h and the ids the same, the output within bf16 rounding) and no program gave up waiting; then
+the four launches' time in a graph of their own.
 
     python bench/moe_block_phases.py [--configs ";per_sm=3;split_k1=1"]
 
@@ -22,7 +23,7 @@ from typing import Any
 
 import torch
 
-SLOTS = ("O", "barrier 1", "routing", "gate/up", "barrier 2", "down")
+SLOTS = ("O", "routed", "gate/up", "barrier", "down")
 """What ends at each stamp after the start (`jit.moe_block`'s TIMING)."""
 
 
@@ -45,10 +46,11 @@ def _graph_us(fn: Any, iters: int = 20) -> tuple[float, torch.cuda.CUDAGraph]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", default=";per_sm=3;split_k1=1;per_sm=3,split_k1=1;split_k1=2,per_sm=3")
+    parser.add_argument("--configs", default=";per_sm=3;rank_chunk=0")
     args = parser.parse_args()
 
     from athanor.kernels import expert_gemv, linear_route, moe_block
+    from athanor.kernels.dispatch import _zeroed
 
     torch.manual_seed(0)
     bf = {"device": "cuda", "dtype": torch.bfloat16}
@@ -60,23 +62,29 @@ def main() -> int:
     call = (x, wo, residual, router_w, nw, 1e-6, top_k, "softmax", True, None, w_gate, w_up, w_down)
     stamps = torch.zeros(4096, 8, dtype=torch.int64, device="cuda")
 
-    def four() -> None:
+    def four() -> tuple[torch.Tensor, ...]:
         h, _, ids, weights = linear_route(*call[:10])
         gate_up = expert_gemv(h, w_gate, ids, w2=w_up, norm_weight=nw, eps=1e-6)
-        expert_gemv(gate_up[:, :inter], w_down, ids, up=gate_up[:, inter:], topk_weights=weights, residual=h,
-                    settled=True)
+        return expert_gemv(gate_up[:, :inter], w_down, ids, up=gate_up[:, inter:], topk_weights=weights, residual=h,
+                           settled=True), h, ids
+
+    ref_out, ref_h, ref_ids = four()
 
     rows: list[dict[str, Any]] = []
     for config in args.configs.split(";"):
         os.environ["ATHANOR_MOE_BLOCK"] = config
+        block = moe_block(*call)
+        same = {"h": bool(torch.equal(block.h, ref_h)), "ids": bool(torch.equal(block.ids, ref_ids)),
+                "out_rel_err": float((block.out.double() - ref_out.double()).norm() / ref_out.double().norm()),
+                "gave_up": int(_zeroed("moe_block_barrier", torch.device("cuda"), 4, torch.int32)[2])}
         us, _ = _graph_us(lambda: moe_block(*call))
         stamps.zero_()
         _, graph = _graph_us(lambda: moe_block(*call, stamps=stamps), iters=3)
         graph.replay()
         torch.cuda.synchronize()
         t = stamps[stamps[:, 0] > 0].double()
-        rel = (t[:, 1:7] - t[:, :1].min()) / 1e3
-        row = {"config": config or "(default)", "us": us, "programs": int(t.shape[0]),
+        rel = (t[:, 1:6] - t[:, :1].min()) / 1e3
+        row = {"config": config or "(default)", "us": us, "programs": int(t.shape[0]), **same,
                "median_us": [round(float(v), 2) for v in rel.median(0).values],
                "latest_us": [round(float(v), 2) for v in rel.max(0).values]}
         rows.append(row)
@@ -92,7 +100,8 @@ def main() -> int:
     print(f"{'config':<28} {'us':>6} {'P':>4} " + " ".join(f"{s:>13}" for s in SLOTS))
     for row in rows:
         ends = " ".join(f"{m:>6.1f}/{x:<6.1f}" for m, x in zip(row["median_us"], row["latest_us"], strict=True))
-        print(f"{row['config']:<28} {row['us']:>6.1f} {row['programs']:>4} {ends}")
+        print(f"{row['config']:<28} {row['us']:>6.1f} {row['programs']:>4} {ends}  h/ids same {row['h']}/{row['ids']}, "
+              f"out err {row['out_rel_err']:.4f}, gave up {row['gave_up']}")
     return 0
 
 

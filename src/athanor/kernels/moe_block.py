@@ -34,9 +34,7 @@ class MoeBlockConfig:
     """Blocks of the persistent kernel's three GEMVs (1: O, split-K; 2: the experts' gate/up; 3: their down) and
     its grid: `per_sm` programs an SM, fewer where the compiled kernel's registers or shared memory do not let
     that many be resident at once (the grid barrier needs them all). `rank_chunk`: `rank_logits`'s CHUNK (0:
-    every rank at once in registers). `ahead`: weight tiles in flight while one is summed (1 or 2). `phases` 3 runs
-    the phases as three launches (no barrier: for A/B runs). ATHANOR_MOE_BLOCK="block_n1=8,per_sm=3,..." changes any
-    of them."""
+    every rank at once in registers). ATHANOR_MOE_BLOCK="block_n1=8,per_sm=3,..." changes any of them."""
 
     block_n1: int = 8
     block_k1: int = 1024
@@ -46,11 +44,9 @@ class MoeBlockConfig:
     block_n3: int = 8
     block_k3: int = 1024
     rank_chunk: int = 32
-    ahead: int = 1
     num_warps: int = 4
     num_stages: int = 3
     per_sm: int = 4
-    phases: int = 1
 
     @classmethod
     def parse(cls, text: str, where: str = "ATHANOR_MOE_BLOCK") -> MoeBlockConfig:
@@ -63,8 +59,11 @@ class MoeBlockConfig:
                 raise ConfigError(f"{where}: {item!r} is not name=integer with a name among {sorted(names)}")
             values[name] = int(value)
         config = cls(**values)
-        if config.phases not in (1, 3) or config.ahead not in (1, 2):
-            raise ConfigError(f"{where}: phases must be 1 (one launch) or 3, and ahead 1 or 2: not {text!r}")
+        for name, value in asdict(config).items():
+            blocks = name.startswith("block_") or name == "rank_chunk"  # Triton's blocks: powers of two
+            if value < (0 if name == "rank_chunk" else 1) or (blocks and value & (value - 1)):
+                raise ConfigError(f"{where}: {name}={value} must be a positive power of two (rank_chunk may be 0)"
+                                  if blocks else f"{where}: {name}={value} must be positive")
         return config
 
 
@@ -115,7 +114,7 @@ def moe_block(x: Tensor, wo: Tensor, residual: Tensor, router_w: Tensor, norm_we
     m, k = x.shape
     e, hidden = router_w.shape
     ni = w_gate.shape[1]
-    fused = (m <= MAX_FUSED_ROWS and use_triton(x, impl) and scoring in ("softmax", "sigmoid")
+    fused = (m <= MAX_FUSED_ROWS and e <= 1024 and use_triton(x, impl) and scoring in ("softmax", "sigmoid")
              and m * e <= router_sums(x.device).numel() and x.stride(1) == 1 and wo.stride(1) == 1
              and residual.stride(1) == 1 and router_w.is_contiguous()
              and all(w.stride(2) == 1 for w in (w_gate, w_up, w_down)) and w_gate.stride() == w_up.stride())
@@ -138,33 +137,28 @@ def moe_block(x: Tensor, wo: Tensor, residual: Tensor, router_w: Tensor, norm_we
     args = (x, wo, residual, h, _workspace(m, hidden, dev), tickets(dev), router_w, norm_weight, router_sums(dev),
             logits, selection_bias if selection_bias is not None else logits, ids, weights, w_gate, w_up, gate_up,
             w_down, out, _zeroed("moe_block_barrier", dev, 4, torch.int32), stamps if stamps is not None else ids,
-            _zeroed("moe_block_choosers", dev, MAX_PROGRAMS_PER_SM * _num_sms(dev) * next_pow2(e), torch.float32),
+            _zeroed("moe_block_choosers", dev, 1024, torch.float32), torch.empty(m, dtype=torch.float32, device=dev),
             m, hidden, k, e, ni, eps, ROUTER_SCALE, 1.0 / ROUTER_SCALE,
             x.stride(0), wo.stride(0), residual.stride(0), h.stride(0), w_gate.stride(0), w_gate.stride(1),
             w_up.stride(0), w_up.stride(1), gate_up.stride(0), w_down.stride(0), w_down.stride(1), out.stride(0))
     flags: dict[str, Any] = {"TOP_K": top_k, "SOFTMAX": scoring == "softmax", "RENORM": renormalize,
                              "HAS_BIAS": selection_bias is not None, "BLOCK_E": next_pow2(e), "BLOCK_M": next_pow2(m),
-                             "BLOCK_P": next_pow2(next_pow2(m) * top_k), "RSTD_BLOCK": rstd_block(hidden),
+                             "BLOCK_P": next_pow2(next_pow2(m) * top_k),
+                             "RSTD_BLOCK": rstd_block(hidden) or min(1024, next_pow2(hidden)),
                              "SPINS": SPINS, "TIMING": stamps is not None, **pdl(x)}
     if interpreting():  # the blocks of linear_route's and expert_gemv's interpreter launches: the same bits
         split = 3 if k >= 192 else 1
         meta = {"BLOCK_N1": 16, "BLOCK_K1": 64, "SPLIT_K1": split, "BLOCK_N2": 16, "BLOCK_K2": 32, "BLOCK_N3": 16,
-                "BLOCK_K3": 32, "RANK_CHUNK": 8, "AHEAD": 2}
+                "BLOCK_K3": 32, "RANK_CHUNK": 8}
         for phase in (1, 2, 3):  # the interpreter runs programs one after another: no barrier can wait
             moe_block_kernel[(3,)](*args, **flags, **meta, PHASE=phase)
         return MoeBlockOutput(out, h, logits, ids, weights)
     config = moe_block_config()
     meta = {name.upper(): value for name, value in asdict(config).items()
-            if name.startswith("block_") or name in ("split_k1", "rank_chunk", "ahead")}
+            if name.startswith("block_") or name in ("split_k1", "rank_chunk")}
     launch = {**meta, "num_warps": config.num_warps, "num_stages": config.num_stages}
-    if config.phases == 3:
-        programs = _num_sms(dev) * config.per_sm
-        for phase in (1, 2, 3):
-            moe_block_kernel[(programs,)](*args, **flags, **launch, PHASE=phase)
-    else:
-        programs = _num_sms(dev) * resident_per_sm(moe_block_kernel, args, {**flags, **launch, "PHASE": 0},
-                                                   config.per_sm)
-        moe_block_kernel[(programs,)](*args, **flags, **launch, PHASE=0)
+    programs = _num_sms(dev) * resident_per_sm(moe_block_kernel, args, {**flags, **launch, "PHASE": 0}, config.per_sm)
+    moe_block_kernel[(programs,)](*args, **flags, **launch, PHASE=0)
     return MoeBlockOutput(out, h, logits, ids, weights)
 
 

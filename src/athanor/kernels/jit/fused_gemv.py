@@ -235,17 +235,30 @@ def route_sums_kernel(
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
+    route_sums_row(SUMS + row * E, H + row * h_s0, LOGITS + row * E, RB, IDS + row * TOP_K, TOPW + row * TOP_K, LOGITS,
+                   CHOOSERS + row * BLOCK_E, E, K, eps, inv_scale, TOP_K, SOFTMAX, RENORM, HAS_BIAS, BLOCK_E, BLOCK_K,
+                   CHUNK, False)
+
+
+@triton.jit
+def route_sums_row(SUMS, H, LOGITS, RB, IDS, TOPW, RSTD, CHOOSERS, E, K, eps, inv_scale,
+                   TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, STORE_RSTD: tl.constexpr):
+    """`route_sums_kernel`'s work for one row (its sums, residual row, logits, ids, weights at SUMS, H, LOGITS, IDS,
+    TOPW): the logits, the top-k, the sums zeroed; and the row's 1/RMS stored at RSTD under STORE_RSTD."""
     e = tl.arange(0, BLOCK_E)
     e_mask = e < E
-    sums = tl.load(SUMS + row * E + e, mask=e_mask, other=0, cache_modifier=".cg")
-    rstd = _row_rstd(H + row * h_s0, K, eps, tl.arange(0, BLOCK_K), 1, BLOCK_K)
+    sums = tl.load(SUMS + e, mask=e_mask, other=0, cache_modifier=".cg")
+    rstd = _row_rstd(H, K, eps, tl.arange(0, BLOCK_K), 1, BLOCK_K)
     logits = (sums.to(tl.float32) * inv_scale * rstd).to(LOGITS.dtype.element_ty)
-    tl.store(LOGITS + row * E + e, logits, mask=e_mask)
-    tl.store(SUMS + row * E + e, tl.zeros_like(sums), mask=e_mask)
+    tl.store(LOGITS + e, logits, mask=e_mask)
+    tl.store(SUMS + e, tl.zeros_like(sums), mask=e_mask)
+    if STORE_RSTD:
+        tl.store(RSTD, rstd)
     rank, chosen, weights = rank_logits(tl.where(e_mask, logits.to(tl.float32), float("-inf")), RB, e, E, TOP_K,
-                                        SOFTMAX, RENORM, HAS_BIAS, CHOOSERS + row * BLOCK_E, CHUNK)
-    tl.store(IDS + row * TOP_K + rank, e.to(tl.int64), mask=chosen)
-    tl.store(TOPW + row * TOP_K + rank, weights, mask=chosen)
+                                        SOFTMAX, RENORM, HAS_BIAS, CHOOSERS, CHUNK)
+    tl.store(IDS + rank, e.to(tl.int64), mask=chosen)
+    tl.store(TOPW + rank, weights, mask=chosen)
 
 
 @triton.jit
@@ -277,21 +290,31 @@ def _tile(acc, w, ks, k_hi, X, X2, NW, M, x_s0, x2_s0, rstd, rm,
     dtype = X.dtype.element_ty  # the model's: the prologue rounds as the unfused kernels do
     w = w.to(tl.float32)
     k_mask = ks < k_hi
+    nw = 0.0
     if NORM:
         nw = tl.load(NW + ks, mask=k_mask, other=0.0).to(tl.float32)
     for m in tl.static_range(BLOCK_M):
         row_mask = k_mask & (ks * 0 + m < M)  # a block compare: a scalar one is no mask to every interpreter
         x = tl.load(X + m * x_s0 + ks, mask=row_mask, other=0.0)
+        up = x
         if SILU:
-            up = tl.load(X2 + m * x2_s0 + ks, mask=row_mask, other=0.0).to(tl.float32)
-            g = x.to(tl.float32)
-            x = ((g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32) * up).to(dtype)
-        if NORM:
-            r = tl.sum(tl.where(rm == m, rstd, 0.0), axis=0)
-            x = (nw * (x.to(tl.float32) * r).to(dtype).to(tl.float32)).to(dtype)
+            up = tl.load(X2 + m * x2_s0 + ks, mask=row_mask, other=0.0)
+        x = row_input(x, up, nw, tl.sum(tl.where(rm == m, rstd, 0.0), axis=0), dtype, NORM, SILU)
         part = tl.sum(w * x.to(tl.float32)[None, :], axis=1)  # [BLOCK_N]
         acc += tl.where(rm[:, None] == m, part[None, :], 0.0)
     return acc
+
+
+@triton.jit
+def row_input(x, up, nw, r, dtype: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr):
+    """The prologue on a row's K chunk x, loaded (with its `up` chunk under SILU, the norm weight's nw in fp32 under
+    NORM): silu(x) * up, or x * r (the row's 1/RMS) times nw, each rounded to dtype as the unfused kernels round."""
+    if SILU:
+        g = x.to(tl.float32)
+        x = ((g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32) * up.to(tl.float32)).to(dtype)
+    if NORM:
+        x = (nw * (x.to(tl.float32) * r).to(dtype).to(tl.float32)).to(dtype)
+    return x
 
 
 @triton.jit

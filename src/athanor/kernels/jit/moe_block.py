@@ -1,30 +1,31 @@
 """A MoE block at batch 1 in one persistent launch: the O projection, the router, routing and the routed experts.
 
-At batch 1 the block was four launches a layer (the O projection summing the router's logits, the routing kernel,
-the experts' gate/up GEMV, their down GEMV), and on qwen3-30b-a3b on an H200 they took 37 us a layer for 22 us of
+At batch 1 the block is four launches a layer (the O projection summing the router's logits, the routing kernel,
+the experts' gate/up GEMV, their down GEMV), and on qwen3-30b-a3b on an H200 they take 37 us a layer for 22 us of
 weight bytes: each boundary costs a ramp (a kernel's programs start cold, its first loads wait on the wait for the
 one before) and a tail (the last programs of a wave run alone). Here one grid of a few programs per SM, all resident
-at once, walks the three GEMVs in turn, each program taking every P-th unit of work, with a grid-wide barrier between
-them (an atomic count, spun on from L2): what the kernel boundary did, without its ramp and tail.
+at once, walks the three GEMVs in turn, each program taking every P-th unit of work, with grid-wide synchronisation
+between them (atomic counts and flags spun on from L2) where the kernel boundaries were.
 
-- Phase 1: the O projection, h = R + X @ WO.T, strip by strip (split-K as `strip_from`), each strip's share of the
+- Phase 1: the O projection, h = R + X @ WO.T, strip by strip (split-K as `strip_end`), each strip's share of the
   router's logits added into int64 fixed-point sums (`add_router_share`, as `fused_gemv_router_kernel`).
-- Barrier. Phase 2: every program reads the sums and the row's RMS and ranks the experts itself (`rank_logits`: all
-  get the same ids, in registers), program 0 stores the logits, ids and weights; then the chosen experts' gate and up
-  rows, RMS-normed input, as `expert_gemv_kernel` (SHARED, NORM) computes them, into GU [pairs, 2 * NI].
-- Barrier. Phase 3: the down projection: a strip of the output sums its token's experts itself (SiLU-mul of GU's
-  halves, scaled by the routing weight, in fp32 in the order of `expert_gemv_kernel`'s split-K sum), plus the
-  residual h: no workspace, no ticket.
-The last program out zeroes the sums and the barrier's counters for the next launch (CUDA-graph replays included).
+- The last program to arrive routes (`route_sums_row`, as `route_sums_kernel`: the logits, ids, weights and the
+  row's 1/RMS stored, the sums zeroed) and raises a flag the others wait on. Phase 2: the chosen experts' gate and up
+  rows of the RMS-normed input, as `expert_gemv_kernel` (SHARED, NORM) computes them, into GU [pairs, 2 * NI].
+- Barrier (the programs' first down tiles loaded before it). Phase 3: the down projection: a strip of the output sums
+  its token's experts itself (SiLU-mul of GU's halves, scaled by the routing weight, in fp32 in the order of
+  `expert_gemv_kernel`'s split-K sum), plus the residual h: no workspace, no ticket.
+The last program out resets the counters for the next launch (CUDA-graph replays included).
 
-Phases 2 and 3 run a unit's K tiles and the next unit's in one loop, so the pipeline of weight loads runs on across
-units instead of draining at each. Every result matches the four-launch path bit for bit for the same blocks (the
-same operations in the same order: a unit test on the CPU interpreter).
+Each phase runs a unit's K tiles and the next unit's in one loop, with the next tile's weights (and in phases 2 and 3
+its input chunk) loaded before this one is summed: a program's loads do not drain at each unit. Every result matches
+the four-launch path bit for bit for the same blocks (the same operations in the same order: a unit test on the CPU
+interpreter).
 
-The barrier needs every program resident at once; `athanor.kernels.moe_block` sizes the grid from the compiled
-kernel's registers and shared memory, and a program that spins SPINS times without the others arriving gives up and
-raises the flag at BAR[2] (wrong results, a failed test, instead of a hung GPU). The interpreter runs programs one
-after another, so there (PHASE 1, 2, 3) each phase is a launch of its own, and phase 3 reads the ids back.
+The synchronisation needs every program resident at once; `athanor.kernels.moe_block` sizes the grid from the
+compiled kernel's registers and shared memory, and a program that waits SPINS polls without the others arriving
+gives up and raises the flag at BAR[2] (wrong results, a failed test, instead of a hung GPU). The interpreter runs
+programs one after another, so there (PHASE 1, 2, 3) each phase is a launch of its own and program 0 routes.
 """
 
 from __future__ import annotations
@@ -32,32 +33,39 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from athanor.kernels.jit.fused_gemv import _rstd, _tile, add_router_share, k_range, router_strip, strip_end
-from athanor.kernels.jit.moe import rank_logits
+from athanor.kernels.jit.fused_gemv import (
+    _tile,
+    add_router_share,
+    k_range,
+    route_sums_row,
+    router_strip,
+    row_input,
+    strip_end,
+)
 from athanor.kernels.jit.tickets import last_of_group
 
 
 @triton.jit
 def moe_block_kernel(
-    X, WO, R, H, WS, TICKETS, RW, NW, SUMS, LOGITS, RB, IDS, TOPW, WG, WU, GU, WD, OUT, BAR, STAMPS, SCRATCH,
+    X, WO, R, H, WS, TICKETS, RW, NW, SUMS, LOGITS, RB, IDS, TOPW, WG, WU, GU, WD, OUT, BAR, STAMPS, SCRATCH, RSTDS,
     M, N, K, E, NI, eps, scale, inv_scale,
     x_s0, wo_s0, r_s0, h_s0, wg_se, wg_sn, wu_se, wu_sn, gu_s0, wd_se, wd_sn, out_s0,
     TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_E: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_N1: tl.constexpr, BLOCK_K1: tl.constexpr, SPLIT_K1: tl.constexpr,
     BLOCK_N2: tl.constexpr, BLOCK_K2: tl.constexpr, BLOCK_N3: tl.constexpr, BLOCK_K3: tl.constexpr,
-    RANK_CHUNK: tl.constexpr, AHEAD: tl.constexpr, PHASE: tl.constexpr, PDL: tl.constexpr, RSTD_BLOCK: tl.constexpr,
+    RANK_CHUNK: tl.constexpr, PHASE: tl.constexpr, PDL: tl.constexpr, RSTD_BLOCK: tl.constexpr,
     SPINS: tl.constexpr, TIMING: tl.constexpr,
 ):
     """OUT = H + the routed experts of rms_norm(H), H = R + X @ WO.T, for M <= BLOCK_M rows (see the module).
 
     X [M, K], WO [N, K], R/H/OUT [M, N]; RW [E, N] the router, NW [N] the block's RMSNorm weight, SUMS [M, E] int64
     zeros; LOGITS [M, E], IDS [M, TOP_K] int64, TOPW [M, TOP_K] fp32 (out); WG/WU [E, NI, N] the experts' gate and
-    up, GU [M * TOP_K, 2 * NI] (out), WD [E, N, NI] their down; BAR int32 [3] zeros; SCRATCH fp32 [programs, BLOCK_E]
-    (`rank_logits`'s choosers when RANK_CHUNK > 0). AHEAD (1 or 2): weight tiles in flight while one is summed.
-    PHASE 0: all three phases with grid barriers between; 1, 2, 3: that phase alone (three launches). TIMING: each
-    program stores the GPU's clock at its start, the end of phase 1, after the barrier, after the routing, at the end
-    of phase 2, after the barrier and at its end into STAMPS [programs, 8] int64 (`bench/moe_block_phases.py`)."""
+    up, GU [M * TOP_K, 2 * NI] (out), WD [E, N, NI] their down; BAR int32 [4] zeros; SCRATCH fp32 [BLOCK_E]
+    (`rank_logits`'s choosers, RANK_CHUNK > 0), RSTDS fp32 [M] (each row's 1/RMS, from the routing program).
+    PHASE 0: all three phases in one launch; 1, 2, 3: that phase alone (three launches). TIMING: each program stores
+    the GPU's clock at its start, the end of phase 1, once routed, at the end of phase 2, after the barrier and at
+    its end into STAMPS [programs, 8] int64 (`bench/moe_block_phases.py`)."""
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     _stamp(STAMPS, pid, 0, TIMING)
@@ -65,65 +73,68 @@ def moe_block_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     if PHASE <= 1:
         _o_phase(pid, programs, X, WO, R, H, WS, TICKETS, RW, NW, SUMS, M, N, K, E, scale, x_s0, wo_s0, r_s0, h_s0,
-                 BLOCK_E, BLOCK_M, BLOCK_N1, BLOCK_K1, SPLIT_K1, AHEAD, PDL)
+                 BLOCK_E, BLOCK_M, BLOCK_N1, BLOCK_K1, SPLIT_K1, PDL)
     elif PDL:
         tl.extra.cuda.gdc_wait()
     _stamp(STAMPS, pid, 1, TIMING)
-    if PHASE == 0:
-        _grid_barrier(BAR, programs, SPINS)
-    _stamp(STAMPS, pid, 2, TIMING)
     if PHASE == 0 or PHASE == 2:
-        rm = tl.arange(0, BLOCK_M)
-        rstd = tl.zeros([BLOCK_M], tl.float32)
-        pair = tl.arange(0, BLOCK_P)
-        experts = tl.zeros([BLOCK_P], tl.int64)
-        e = tl.arange(0, BLOCK_E)
-        e_mask = e < E
-        for m in tl.static_range(BLOCK_M):
-            if m < M:
-                r = _rstd(H + m * h_s0, N, eps, M - m, BLOCK_K2, RSTD_BLOCK)
-                rstd = tl.where(rm == m, r, rstd)
-                sums = tl.load(SUMS + m * E + e, mask=e_mask, other=0, cache_modifier=".cg")
-                logits = (sums.to(tl.float32) * inv_scale * r).to(LOGITS.dtype.element_ty)
-                rank, chosen, weights = rank_logits(tl.where(e_mask, logits.to(tl.float32), float("-inf")), RB, e, E,
-                                                    TOP_K, SOFTMAX, RENORM, HAS_BIAS, SCRATCH + pid * BLOCK_E,
-                                                    RANK_CHUNK)
-                hit = ((m * TOP_K + rank)[None, :] == pair[:, None]) & chosen[None, :]
-                experts += tl.sum(tl.where(hit, e[None, :], 0), axis=1)
-                if pid == 0:
-                    tl.store(LOGITS + m * E + e, logits, mask=e_mask)
-                    tl.store(IDS + m * TOP_K + rank, e.to(tl.int64), mask=chosen)
-                    tl.store(TOPW + m * TOP_K + rank, weights, mask=chosen)
-        if PHASE == 2:
-            _release(SUMS, BAR, M, E, programs, BLOCK_M, BLOCK_E, False)
-        _stamp(STAMPS, pid, 3, TIMING)
+        if PHASE == 0:
+            tl.debug_barrier()  # every thread's stores of phase 1 issued before the arrival
+            if tl.atomic_add(BAR, 1, sem="acq_rel") == programs - 1:  # the last to arrive: every strip of H is in
+                _route(H, SUMS, LOGITS, RB, IDS, TOPW, RSTDS, SCRATCH, M, N, E, eps, inv_scale, h_s0, TOP_K, SOFTMAX,
+                       RENORM, HAS_BIAS, BLOCK_E, BLOCK_M, RSTD_BLOCK, RANK_CHUNK)
+                tl.debug_barrier()
+                tl.atomic_xchg(BAR + 3, 1, sem="release")
+            else:
+                _wait(BAR + 3, 1, BAR + 2, SPINS)
+        elif pid == 0:  # the interpreter: program 0 runs before the others
+            _route(H, SUMS, LOGITS, RB, IDS, TOPW, RSTDS, SCRATCH, M, N, E, eps, inv_scale, h_s0, TOP_K, SOFTMAX,
+                   RENORM, HAS_BIAS, BLOCK_E, BLOCK_M, RSTD_BLOCK, RANK_CHUNK)
+        _stamp(STAMPS, pid, 2, TIMING)
+        pairs = tl.arange(0, BLOCK_P)
+        experts = tl.load(IDS + pairs, mask=pairs < M * TOP_K, other=0, cache_modifier=".cg")
+        rstd = tl.load(RSTDS + tl.arange(0, BLOCK_M), mask=tl.arange(0, BLOCK_M) < M, other=0.0,
+                       cache_modifier=".cg")
         _gate_up_phase(pid, programs, experts, rstd, H, NW, WG, WU, GU, M, N, NI, h_s0, wg_se, wg_sn, wu_se, wu_sn,
-                       gu_s0, TOP_K, BLOCK_M, BLOCK_P, BLOCK_N2, BLOCK_K2, AHEAD)
-    _stamp(STAMPS, pid, 4, TIMING)
-    if PHASE == 0:
-        _grid_barrier(BAR, 2 * programs, SPINS)
-    _stamp(STAMPS, pid, 5, TIMING)
+                       gu_s0, TOP_K, BLOCK_M, BLOCK_P, BLOCK_N2, BLOCK_K2)
+    _stamp(STAMPS, pid, 3, TIMING)
+    if PHASE == 3:
+        pairs = tl.arange(0, BLOCK_P)
+        experts = tl.load(IDS + pairs, mask=pairs < M * TOP_K, other=0, cache_modifier=".cg")
     if PHASE == 0 or PHASE == 3:
-        _down_phase(pid, programs, IDS, TOPW, GU, WD, H, OUT, M, N, NI, gu_s0, wd_se, wd_sn, h_s0, out_s0,
-                    TOP_K, BLOCK_P, BLOCK_N3, BLOCK_K3, AHEAD)
-    _stamp(STAMPS, pid, 6, TIMING)
-    if PHASE == 0:
-        _release(SUMS, BAR, M, E, programs, BLOCK_M, BLOCK_E, True)
+        # Its first weight tile needs only the ids: in flight before the barrier.
+        w_first = _down_load(0, _down_total(pid, programs, M, N, NI, TOP_K, BLOCK_N3, BLOCK_K3), pid, programs,
+                             tl.cdiv(NI, BLOCK_K3), tl.cdiv(N, BLOCK_N3), experts, WD, N, NI, wd_se, wd_sn, TOP_K,
+                             BLOCK_P, BLOCK_N3, BLOCK_K3)
+        if PHASE == 0:
+            _grid_barrier(BAR, 2 * programs, BAR + 2, SPINS)  # phase 1's arrivals and these
+        _stamp(STAMPS, pid, 4, TIMING)
+        _down_phase(pid, programs, experts, w_first, TOPW, GU, WD, H, OUT, M, N, NI, gu_s0, wd_se, wd_sn, h_s0,
+                    out_s0, TOP_K, BLOCK_P, BLOCK_N3, BLOCK_K3)
+    _stamp(STAMPS, pid, 5, TIMING)
+    if PHASE == 0:  # noqa: SIM102 (Triton evaluates both sides of an `and`)
+        if last_of_group(BAR + 1, programs):  # every program is past every wait: reset for the next launch
+            tl.atomic_xchg(BAR, 0)
+            tl.atomic_xchg(BAR + 3, 0)
+            tl.atomic_xchg(BAR + 1, 0)
 
 
 @triton.jit
-def _stamp(STAMPS, pid, slot, TIMING: tl.constexpr):
-    """STAMPS[pid, slot] = the GPU's nanosecond clock (%globaltimer), under TIMING."""
-    if TIMING:
-        now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [pid], dtype=tl.int64, is_pure=False,
-                                        pack=1)
-        tl.store(STAMPS + pid * 8 + slot, now)
+def _route(H, SUMS, LOGITS, RB, IDS, TOPW, RSTDS, SCRATCH, M, N, E, eps, inv_scale, h_s0,
+           TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr,
+           BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, RSTD_BLOCK: tl.constexpr, RANK_CHUNK: tl.constexpr):
+    """`route_sums_row` for the M rows, their 1/RMS into RSTDS (for phase 2's norm)."""
+    for m in tl.static_range(BLOCK_M):
+        if m < M:
+            route_sums_row(SUMS + m * E, H + m * h_s0, LOGITS + m * E, RB, IDS + m * TOP_K, TOPW + m * TOP_K,
+                           RSTDS + m, SCRATCH, E, N, eps, inv_scale, TOP_K, SOFTMAX, RENORM, HAS_BIAS, BLOCK_E,
+                           RSTD_BLOCK, RANK_CHUNK, True)
 
 
 @triton.jit
 def _o_phase(pid, programs, X, WO, R, H, WS, TICKETS, RW, NW, SUMS, M, N, K, E, scale, x_s0, wo_s0, r_s0, h_s0,
              BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-             SPLIT_K: tl.constexpr, AHEAD: tl.constexpr, PDL: tl.constexpr):
+             SPLIT_K: tl.constexpr, PDL: tl.constexpr):
     """Phase 1: units (strip, split) of H = R + X @ WO.T, every programs-th from pid, their tiles in one loop, the
     next tile's load issued before this one's sums (the first before the PDL wait); each finished strip's share of
     the router's sums."""
@@ -132,7 +143,6 @@ def _o_phase(pid, programs, X, WO, R, H, WS, TICKETS, RW, NW, SUMS, M, N, K, E, 
     tiles = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K)
     total = tl.where(pid < units, tl.cdiv(units - pid, programs), 0) * tiles
     w_next = _o_load(0, total, pid, programs, tiles, WO, N, K, wo_s0, BLOCK_N, BLOCK_K, SPLIT_K)
-    w_after = _o_load(AHEAD - 1, total, pid, programs, tiles, WO, N, K, wo_s0, BLOCK_N, BLOCK_K, SPLIT_K)
     if PDL:
         tl.extra.cuda.gdc_wait()
     rm = tl.arange(0, BLOCK_M)
@@ -141,11 +151,7 @@ def _o_phase(pid, programs, X, WO, R, H, WS, TICKETS, RW, NW, SUMS, M, N, K, E, 
     for it in range(0, total):
         pid_n, pid_k, kt, ks, k_hi = _o_at(it, pid, programs, tiles, K, BLOCK_K, SPLIT_K)
         w = w_next
-        if AHEAD == 2:  # two tiles in flight: the one after next issued now
-            w_next = w_after
-            w_after = _o_load(it + 2, total, pid, programs, tiles, WO, N, K, wo_s0, BLOCK_N, BLOCK_K, SPLIT_K)
-        else:
-            w_next = _o_load(it + 1, total, pid, programs, tiles, WO, N, K, wo_s0, BLOCK_N, BLOCK_K, SPLIT_K)
+        w_next = _o_load(it + 1, total, pid, programs, tiles, WO, N, K, wo_s0, BLOCK_N, BLOCK_K, SPLIT_K)
         acc = _tile(tl.where(kt == 0, 0.0, acc), w, ks, k_hi, X, X, WO, M, x_s0, 0, rstd, rm, False, False, BLOCK_M)
         if kt == tiles - 1:  # noqa: SIM102 (Triton evaluates both sides of an `and`: strip_end only at a unit's end)
             if strip_end(acc, pid_n, pid_k, strips, WO, R, H, WS, TICKETS, M, N, r_s0, h_s0, False, True, BLOCK_M,
@@ -181,35 +187,27 @@ def _o_load(it, total, pid, programs, tiles, WO, N, K, wo_s0, BLOCK_N: tl.conste
 @triton.jit
 def _gate_up_phase(pid, programs, experts, rstd, H, NW, WG, WU, GU, M, N, NI, h_s0, wg_se, wg_sn, wu_se, wu_sn, gu_s0,
                    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, AHEAD: tl.constexpr):
+                   BLOCK_K: tl.constexpr):
     """Phase 2's GEMV: units (pair, strip of the gate rows then of the up rows) of GU[pair] = [gate | up] @
-    rms_norm(H[token]), the pair's expert from `experts` (registers), every programs-th unit from pid, their tiles
-    in one loop, the next tile's load issued before this one's sums."""
+    rms_norm(H[token]), the pair's expert from `experts`, every programs-th unit from pid, their tiles in one loop,
+    the next tile's weights and input chunk loaded before this one is summed."""
     half = tl.cdiv(NI, BLOCK_N)
     units = M * TOP_K * 2 * half
     tiles = tl.cdiv(N, BLOCK_K)
     total = tl.where(pid < units, tl.cdiv(units - pid, programs), 0) * tiles
     rm = tl.arange(0, BLOCK_M)
-    one = tl.arange(0, 1)
     acc = tl.zeros([1, BLOCK_N], tl.float32)
-    w_next = _gate_up_load(0, total, pid, programs, tiles, half, experts, WG, WU, N, NI, wg_se, wg_sn, wu_se, wu_sn,
-                           BLOCK_P, BLOCK_N, BLOCK_K)
-    w_after = _gate_up_load(AHEAD - 1, total, pid, programs, tiles, half, experts, WG, WU, N, NI, wg_se, wg_sn, wu_se,
-                            wu_sn, BLOCK_P, BLOCK_N, BLOCK_K)
+    w_next, x_next, nw_next = _gate_up_load(0, total, pid, programs, tiles, half, experts, H, NW, WG, WU, N, NI, h_s0,
+                                            wg_se, wg_sn, wu_se, wu_sn, TOP_K, BLOCK_P, BLOCK_N, BLOCK_K)
     for it in range(0, total):
-        pair, kt, ks, col, n_mask, second = _gate_up_at(it, pid, programs, tiles, half, NI, BLOCK_N, BLOCK_K)
-        w = w_next
-        if AHEAD == 2:  # two tiles in flight: the one after next issued now
-            w_next = w_after
-            w_after = _gate_up_load(it + 2, total, pid, programs, tiles, half, experts, WG, WU, N, NI, wg_se, wg_sn,
-                                    wu_se, wu_sn, BLOCK_P, BLOCK_N, BLOCK_K)
-        else:
-            w_next = _gate_up_load(it + 1, total, pid, programs, tiles, half, experts, WG, WU, N, NI, wg_se, wg_sn,
-                                   wu_se, wu_sn, BLOCK_P, BLOCK_N, BLOCK_K)
-        token = pair // TOP_K
-        r = tl.zeros([1], tl.float32) + tl.sum(tl.where(rm == token, rstd, 0.0), axis=0)
-        acc = _tile(tl.where(kt == 0, 0.0, acc), w, ks, N, H + token * h_s0, H, NW, 1, 0, 0, r, one, True, False, 1)
-        last = n_mask & ((col * 0 + kt) == tiles - 1)
+        pair, kt, _, col, n_mask, second = _gate_up_at(it, pid, programs, tiles, half, NI, BLOCK_N, BLOCK_K)
+        w, x, nw = w_next, x_next, nw_next
+        w_next, x_next, nw_next = _gate_up_load(it + 1, total, pid, programs, tiles, half, experts, H, NW, WG, WU, N,
+                                                NI, h_s0, wg_se, wg_sn, wu_se, wu_sn, TOP_K, BLOCK_P, BLOCK_N, BLOCK_K)
+        r = tl.sum(tl.where(rm == pair // TOP_K, rstd, 0.0), axis=0)
+        x = row_input(x, x, nw.to(tl.float32), r, H.dtype.element_ty, True, False)
+        acc = tl.where(kt == 0, 0.0, acc) + tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)[None, :]
+        last = n_mask & ((col * 0 + kt) == tiles - 1)  # a block compare: a scalar mask is no mask to every interpreter
         tl.store(GU + pair * gu_s0 + (col + NI * second.to(tl.int32))[None, :], acc.to(GU.dtype.element_ty),
                  mask=last[None, :])
 
@@ -228,53 +226,53 @@ def _gate_up_at(it, pid, programs, tiles, half, NI, BLOCK_N: tl.constexpr, BLOCK
 
 
 @triton.jit
-def _gate_up_load(it, total, pid, programs, tiles, half, experts, WG, WU, N, NI, wg_se, wg_sn, wu_se, wu_sn,
-                  BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The gate or up tile `it` of this program's phase 2, of its pair's expert (zeros from `total` on)."""
+def _gate_up_load(it, total, pid, programs, tiles, half, experts, H, NW, WG, WU, N, NI, h_s0, wg_se, wg_sn, wu_se,
+                  wu_sn, TOP_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(the gate or up tile, the residual row's chunk, the norm weight's chunk) of tile `it` of this program's
+    phase 2, of its pair's expert and token (zeros from `total` on)."""
     pair, _, ks, col, n_mask, second = _gate_up_at(it, pid, programs, tiles, half, NI, BLOCK_N, BLOCK_K)
     expert = tl.sum(tl.where(tl.arange(0, BLOCK_P) == pair, experts, 0), axis=0)
     rows = tl.where(second, WU + expert * wu_se + col[:, None].to(tl.int64) * wu_sn,
                     WG + expert * wg_se + col[:, None].to(tl.int64) * wg_sn)
     live = (ks < N) & (ks * 0 + it < total)
-    return tl.load(rows + ks[None, :], mask=n_mask[:, None] & live[None, :], other=0.0)
+    w = tl.load(rows + ks[None, :], mask=n_mask[:, None] & live[None, :], other=0.0)
+    x = tl.load(H + (pair // TOP_K) * h_s0 + ks, mask=live, other=0.0)
+    return w, x, tl.load(NW + ks, mask=live, other=0.0)
 
 
 @triton.jit
-def _down_phase(pid, programs, IDS, TOPW, GU, WD, H, OUT, M, N, NI, gu_s0, wd_se, wd_sn, h_s0, out_s0,
-                TOP_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                AHEAD: tl.constexpr):
+def _down_total(pid, programs, M, N, NI, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The tiles of this program's phase 3: its units (token, strip) times TOP_K experts times their K tiles."""
+    units = M * tl.cdiv(N, BLOCK_N)
+    return tl.where(pid < units, tl.cdiv(units - pid, programs), 0) * TOP_K * tl.cdiv(NI, BLOCK_K)
+
+
+@triton.jit
+def _down_phase(pid, programs, experts, w_first, TOPW, GU, WD, H, OUT, M, N, NI, gu_s0, wd_se, wd_sn, h_s0, out_s0,
+                TOP_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Phase 3: units (token, strip) of OUT = H + sum over the token's experts j of TOPW[j] * (silu(gate) * up of
-    GU's row) @ WD[IDS[j]].T, every programs-th unit from pid; a unit's TOP_K experts and their tiles, and the next
-    unit's, in one loop, the next tile's load issued before this one's sums. The ids and weights are read back from
-    L2 (stored by program 0 in phase 2)."""
+    GU's row) @ WD[experts[j]].T, every programs-th unit from pid; a unit's TOP_K experts and their tiles, and the
+    next unit's, in one loop, the next tile's weights and input chunks loaded before this one is summed (the first
+    tile, w_first, by the caller)."""
     strips = tl.cdiv(N, BLOCK_N)
-    units = M * strips
     tiles = tl.cdiv(NI, BLOCK_K)
-    total = tl.where(pid < units, tl.cdiv(units - pid, programs), 0) * TOP_K * tiles
+    total = _down_total(pid, programs, M, N, NI, TOP_K, BLOCK_N, BLOCK_K)
     pairs = tl.arange(0, BLOCK_P)
-    pair_mask = pairs < M * TOP_K
-    experts = tl.load(IDS + pairs, mask=pair_mask, other=0, cache_modifier=".cg")
-    routing_w = tl.load(TOPW + pairs, mask=pair_mask, other=0.0, cache_modifier=".cg")
-    one = tl.arange(0, 1)
+    routing_w = tl.load(TOPW + pairs, mask=pairs < M * TOP_K, other=0.0, cache_modifier=".cg")
     acc = tl.zeros([1, BLOCK_N], tl.float32)
     total_w = tl.zeros([1, BLOCK_N], tl.float32)
-    w_next = _down_load(0, total, pid, programs, tiles, strips, experts, WD, N, NI, wd_se, wd_sn, TOP_K, BLOCK_P,
-                        BLOCK_N, BLOCK_K)
-    w_after = _down_load(AHEAD - 1, total, pid, programs, tiles, strips, experts, WD, N, NI, wd_se, wd_sn, TOP_K,
-                         BLOCK_P, BLOCK_N, BLOCK_K)
+    w_next = w_first
+    g_next, u_next = _down_input(0, total, pid, programs, tiles, strips, GU, NI, gu_s0, TOP_K, BLOCK_N, BLOCK_K)
     for it in range(0, total):
-        token, choice, kt, ks, col = _down_at(it, pid, programs, tiles, strips, TOP_K, BLOCK_N, BLOCK_K)
-        w = w_next
-        if AHEAD == 2:  # two tiles in flight: the one after next issued now
-            w_next = w_after
-            w_after = _down_load(it + 2, total, pid, programs, tiles, strips, experts, WD, N, NI, wd_se, wd_sn,
-                                 TOP_K, BLOCK_P, BLOCK_N, BLOCK_K)
-        else:
-            w_next = _down_load(it + 1, total, pid, programs, tiles, strips, experts, WD, N, NI, wd_se, wd_sn, TOP_K,
-                                BLOCK_P, BLOCK_N, BLOCK_K)
+        token, choice, kt, _, col = _down_at(it, pid, programs, tiles, strips, TOP_K, BLOCK_N, BLOCK_K)
+        w, g, u = w_next, g_next, u_next
+        w_next = _down_load(it + 1, total, pid, programs, tiles, strips, experts, WD, N, NI, wd_se, wd_sn, TOP_K,
+                            BLOCK_P, BLOCK_N, BLOCK_K)
+        g_next, u_next = _down_input(it + 1, total, pid, programs, tiles, strips, GU, NI, gu_s0, TOP_K, BLOCK_N,
+                                     BLOCK_K)
         pair = token * TOP_K + choice
-        acc = _tile(tl.where(kt == 0, 0.0, acc), w, ks, NI, GU + pair * gu_s0, GU + pair * gu_s0 + NI, GU, 1, 0, 0,
-                    tl.zeros([1], tl.float32), one, False, True, 1)
+        x = row_input(g, u, 0.0, 0.0, GU.dtype.element_ty, False, True)
+        acc = tl.where(kt == 0, 0.0, acc) + tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)[None, :]
         # The pair's product done: weighted into the token's sum in fp32, in choice order (expert_gemv's split-K sum).
         weighted = (tl.where(choice == 0, 0.0, total_w)
                     + acc * tl.sum(tl.where(pairs == pair, routing_w, 0.0), axis=0))
@@ -311,29 +309,50 @@ def _down_load(it, total, pid, programs, tiles, strips, experts, WD, N, NI, wd_s
 
 
 @triton.jit
-def _grid_barrier(BAR, target, SPINS: tl.constexpr):
-    """Arrive at the launch's barrier and wait until BAR[0] counts `target` arrivals (every program's, for as many
-    barriers as the program has passed). Stores before it are seen by every program after it (acq_rel arrival, an
-    acquire after the wait). After SPINS reads without the count reached it gives up and sets BAR[2]."""
-    tl.debug_barrier()  # every thread's stores issued before the arrival
-    seen = tl.atomic_add(BAR, 1, sem="acq_rel") + 1
-    spins = 0
-    while (seen < target) & (spins < SPINS):
-        seen = tl.load(BAR, volatile=True)
-        spins += 1
-    if seen < target:
-        tl.atomic_xchg(BAR + 2, 1)
-    tl.atomic_add(BAR, 0, sem="acquire")
+def _down_input(it, total, pid, programs, tiles, strips, GU, NI, gu_s0, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr):
+    """(gate, up) chunks of GU's row of tile `it`'s pair in this program's phase 3 (zeros from `total` on)."""
+    token, choice, _, ks, _ = _down_at(it, pid, programs, tiles, strips, TOP_K, BLOCK_N, BLOCK_K)
+    row = GU + (token * TOP_K + choice) * gu_s0 + ks
+    live = (ks < NI) & (ks * 0 + it < total)
+    return tl.load(row, mask=live, other=0.0), tl.load(row + NI, mask=live, other=0.0)
 
 
 @triton.jit
-def _release(SUMS, BAR, M, E, programs, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, RESET: tl.constexpr):
-    """The last program to get here (every one has read the sums) zeroes them, and with RESET the barrier's count."""
-    if last_of_group(BAR + 1, programs):
-        e = tl.arange(0, BLOCK_E)
-        for m in tl.static_range(BLOCK_M):
-            if m < M:
-                tl.store(SUMS + m * E + e, tl.zeros([BLOCK_E], tl.int64), mask=e < E)
-        if RESET:
-            tl.atomic_xchg(BAR, 0)
-        tl.atomic_xchg(BAR + 1, 0)
+def _pause():
+    """About 100 ns of sleep between two polls of a count: hundreds of programs polling one address without pause
+    queue in front of the arrivals they wait for. Returns 1."""
+    return tl.inline_asm_elementwise("nanosleep.u32 100;\n mov.u32 $0, 1;", "=r,r", [tl.program_id(0)],
+                                     dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _wait(COUNT, target, GAVE_UP, SPINS: tl.constexpr):
+    """Poll COUNT until it reaches target (then acquire: what was released before it is seen), or give up after
+    SPINS polls and set GAVE_UP."""
+    seen = tl.load(COUNT, volatile=True)
+    spins = 0
+    while (seen < target) & (spins < SPINS):
+        spins += _pause()
+        seen = tl.load(COUNT, volatile=True)
+    if seen < target:
+        tl.atomic_xchg(GAVE_UP, 1)
+    tl.atomic_add(COUNT, 0, sem="acquire")
+
+
+@triton.jit
+def _grid_barrier(BAR, target, GAVE_UP, SPINS: tl.constexpr):
+    """Arrive at the launch's barrier (BAR's count, acq_rel) and wait until it counts `target` arrivals (every
+    program's, for as many barriers as the program has passed)."""
+    tl.debug_barrier()  # every thread's stores issued before the arrival
+    tl.atomic_add(BAR, 1, sem="acq_rel")
+    _wait(BAR, target, GAVE_UP, SPINS)
+
+
+@triton.jit
+def _stamp(STAMPS, pid, slot, TIMING: tl.constexpr):
+    """STAMPS[pid, slot] = the GPU's nanosecond clock (%globaltimer), under TIMING."""
+    if TIMING:
+        now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [pid], dtype=tl.int64, is_pure=False,
+                                        pack=1)
+        tl.store(STAMPS + pid * 8 + slot, now)
