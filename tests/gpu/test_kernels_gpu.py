@@ -471,9 +471,10 @@ def test_row_kernels_past_two_to_the_31_elements(dev):
 @pytest.mark.parametrize("rows", [1, 3])
 def test_moe_block_bf16_in_a_graph(dev, rows):
     """The persistent MoE block (qwen3-30b-a3b: O 4096 -> 2048, 128 experts, top 8, 2048 -> 768 -> 2048), captured and
-    replayed with new inputs, against `linear_route` and the two `expert_gemv` calls: at one row h, logits, ids and
-    weights the same bits (the same blocks and order-free sums), the output within bf16 rounding (other blocks);
-    replays the same bits; no program gave up at a grid barrier (every one resident at once)."""
+    replayed with new inputs, against `linear_route` and the two `expert_gemv` calls: h and the output within bf16
+    rounding (other blocks), the ids theirs but for near ties, and the routing of the block's own h (`linear_route` on
+    a zero input with h as the residual) the same bits (order-free sums); replays the same bits; no program gave up
+    waiting (every one resident at once)."""
     from athanor.kernels import expert_gemv, linear_route, moe_block
     from athanor.kernels.dispatch import _zeroed
 
@@ -506,12 +507,13 @@ def test_moe_block_bf16_in_a_graph(dev, rows):
         graph.replay()
         assert all(torch.equal(a, b) for a, b in zip(first, got, strict=True))
         ref = four()
-        if rows == 1:  # the four launches' pinned configs are the block's own blocks at one row
-            for name, a, b in zip(("h", "logits", "ids", "weights"), got[1:], ref[1:], strict=True):
-                assert torch.equal(a, b), name
-        else:  # autotuned: other split-K sums of h, so near ties may route apart
-            torch.testing.assert_close(block.h, ref[1], **BF16)
-            assert (block.ids.sort(1).values == ref[3].sort(1).values).float().mean() > 0.9
-        assert rel_err(block.out, ref[0]) < (1e-2 if rows == 1 else 5e-2)
+        # Other blocks than the four launches' pins or picks (the O projection without split-K, 1024-wide tiles): h is
+        # summed in another order, so the logits and a near tie may differ; the routing is theirs where h is.
+        torch.testing.assert_close(block.h, ref[1], **BF16)
+        assert (block.ids.sort(1).values == ref[3].sort(1).values).float().mean() > 0.9
+        assert rel_err(block.out, ref[0]) < 5e-2
+        routed = linear_route(torch.zeros_like(x), wo, block.h, *call[3:10])  # h + 0: the block's own h, routed
+        for name, a, b in zip(("h", "logits", "ids", "weights"), routed, got[1:], strict=True):
+            assert torch.equal(a, b), name
     assert int(_zeroed("moe_block_barrier", dev, 4, torch.int32)[2]) == 0, "a program gave up at a grid barrier"
     print(f"moe_block rows {rows}: {_ms(graph.replay) * 1e3:.1f} us, the four launches {_ms(two.replay) * 1e3:.1f} us")
