@@ -146,6 +146,16 @@ def _load(model_name: str, routing: str | None) -> tuple[str, Any, Any, str]:
         return model_name, None, None, f"{type(e).__name__}: {e}"
 
 
+def load_or_say(model_name: str, routing: str | None) -> tuple[Any, Any] | None:
+    """(model, replayed routing profile) for a one-model script (`step_tune.py`, `env_sweep.py`), or None after
+    printing why it did not load."""
+    _, model, profile, error = _load(model_name, routing)
+    if model is None:
+        print(f"error: {model_name} did not load: {error}", file=sys.stderr)
+        return None
+    return model, profile
+
+
 def table(out: Path) -> str:
     """One line per cell: ms/token and share of roofline, or why there is none."""
     rows = []

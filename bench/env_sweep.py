@@ -48,14 +48,14 @@ def main() -> int:
     from athanor.model.presets import PRESETS
     from athanor.moves import best_options, render
     from athanor.moves.decode_bench import bench_decode
-    from decode_matrix import _load
+    from decode_matrix import load_or_say
 
     out = Path(os.environ.get("OUT", "bench/results"))
     out.mkdir(parents=True, exist_ok=True)
-    _, model, profile, error = _load(args.model, args.routing)
-    if model is None:
-        print(f"error: {args.model} did not load: {error}", file=sys.stderr)
+    loaded = load_or_say(args.model, args.routing)
+    if loaded is None:
         return 1
+    model, profile = loaded
     timings: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="athanor-moe-block-") as tmp:
         files = {}

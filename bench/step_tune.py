@@ -49,16 +49,16 @@ def main() -> int:
     from athanor.model.presets import PRESETS
     from athanor.moves import best_options, render
     from athanor.moves.decode_bench import bench_decode
-    from decode_matrix import _load
+    from decode_matrix import load_or_say
 
     options = best_options(PRESETS[args.model])
     options.update(dict(item.split("=", 1) for item in args.set))
     out = Path(os.environ.get("OUT", "bench/results"))
     out.mkdir(parents=True, exist_ok=True)
-    _, model, profile, error = _load(args.model, args.routing)
-    if model is None:
-        print(f"error: {args.model} did not load: {error}", file=sys.stderr)
+    loaded = load_or_say(args.model, args.routing)
+    if loaded is None:
         return 1
+    model, profile = loaded
     table = pinned.PINNED.setdefault(pinned.gpu_name(torch.cuda.current_device()), {})
     timings: list[dict[str, Any]] = []
 
