@@ -7,7 +7,7 @@ engine's captured path (`bench_decode`, batch 1), the candidate under each value
 ATHANOR_ROUTE_CHUNK), and last the fastest value and the best-known alternately again, since the fastest of several
 timings is flattered by its noise. The empty value is the variable unset.
 
-    python bench/env_sweep.py --model qwen3-30b-a3b [--routing FILE] [--configs "per_sm=3;phases=3"]
+    python bench/env_sweep.py --model qwen3-30b-a3b [--routing FILE] [--configs "per_sm=3;rank_chunk=0"]
                                     [--candidate block|best] [--var ATHANOR_MOE_BLOCK] [--budget 240]
 
 Writes $OUT/sweep_<var>_<model>.json (every timing, the block's grids) and prints a table last.
@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-CONFIGS = ("", "per_sm=3", "split_k1=1", "per_sm=3,split_k1=1", "block_n3=16", "phases=3")
+CONFIGS = ("", "per_sm=3", "rank_chunk=0", "block_n3=16", "block_k2=1024")
 """ATHANOR_MOE_BLOCK values tried after the default ("")."""
 
 
