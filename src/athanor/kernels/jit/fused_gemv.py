@@ -299,7 +299,10 @@ def _tile(acc, w, ks, k_hi, X, X2, NW, M, x_s0, x2_s0, rstd, rm,
         up = x
         if SILU:
             up = tl.load(X2 + m * x2_s0 + ks, mask=row_mask, other=0.0)
-        x = row_input(x, up, nw, tl.sum(tl.where(rm == m, rstd, 0.0), axis=0), dtype, NORM, SILU)
+        r = 0.0
+        if NORM:  # the row's 1/RMS picked out of rstd only where it is used (as before row_input: the same code)
+            r = tl.sum(tl.where(rm == m, rstd, 0.0), axis=0)
+        x = row_input(x, up, nw, r, dtype, NORM, SILU)
         part = tl.sum(w * x.to(tl.float32)[None, :], axis=1)  # [BLOCK_N]
         acc += tl.where(rm[:, None] == m, part[None, :], 0.0)
     return acc
