@@ -19,7 +19,6 @@ from athanor.kernels.attention import _num_sms
 from athanor.kernels.dispatch import (
     PDL_EARLY,
     Impl,
-    _zeroed,
     cdiv,
     interpreting,
     next_pow2,
@@ -250,11 +249,11 @@ def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_
     block_e = next_pow2(e)
     args = (x, w, residual, h, _workspace(m, n, x.device), tickets(x.device), router_w, norm_weight, sums,
             m, n, k, e, ROUTER_SCALE, x.stride(0), w.stride(0), residual.stride(0), h.stride(0))
+    chunk = min(route_chunk(), block_e)  # before the first launch: a bad value must not leave the sums added into
     _launch(fused_gemv_router_kernel, fused_gemv_router_tuned, args, {"BLOCK_E": block_e}, m, n, k)
-    chunk = min(route_chunk(), block_e)
     route_sums_kernel[(m,)](
         sums, h, logits, selection_bias if selection_bias is not None else logits, ids, weights,
-        _zeroed("route_choosers", x.device, MAX_FUSED_ROWS * 1024, torch.float32), e, n, eps,
+        torch.empty(m * block_e, dtype=torch.float32, device=x.device), e, n, eps,  # the ranks' scratch
         1.0 / ROUTER_SCALE, h.stride(0), TOP_K=top_k, SOFTMAX=scoring == "softmax", RENORM=renormalize,
         HAS_BIAS=selection_bias is not None, BLOCK_E=block_e,
         BLOCK_K=rstd_block(n) or min(1024, next_pow2(n)), CHUNK=chunk, **pdl(x))

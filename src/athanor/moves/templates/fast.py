@@ -427,8 +427,8 @@ class FastForward:
 
     def _moe_block(self, i: int, layer: Layer, attn: Tensor, h: Tensor) -> Tensor:
         """h + the O projection of attn, then + the routed experts (no shared one): one persistent launch in Triton
-        (`moe_block`: grid-wide barriers where the kernel boundaries were), the router's logits summed by the O
-        projection as in `triton_o_epilogue`."""
+        (`moe_block`: grid-wide waits where the kernel boundaries were), the router's logits summed by the O
+        projection as in `triton_o_epilogue`. Measured slower than `triton_o_epilogue`'s four launches on an H200."""
         moe = self.spec.moe
         assert moe is not None
         gate_up_w = layer.experts_gate_up
