@@ -45,6 +45,25 @@ def _picks(rank, scores, e_mask, TOP_K: tl.constexpr, RENORM: tl.constexpr):
 
 
 @triton.jit
+def _softmax_stats(logits, SOFTMAX: tl.constexpr):
+    """(max, sum of exp(logit - max)) of a row's logits ([BLOCK_E] fp32, -inf past E) for a softmax; (0, 1) unused."""
+    m = 0.0
+    denom = 1.0
+    if SOFTMAX:
+        m = tl.max(logits, axis=0)
+        denom = tl.sum(tl.exp(logits - m), axis=0)
+    return m, denom
+
+
+@triton.jit
+def _beaten(chooser, e, rival, j):
+    """For each expert e (its chooser), how many of the rivals j (theirs) beat it: a higher chooser, or an equal one at
+    a lower index (argmax's tie break)."""
+    beats = (rival[None, :] > chooser[:, None]) | ((rival[None, :] == chooser[:, None]) & (j[None, :] < e[:, None]))
+    return tl.sum(beats.to(tl.int32), axis=1)
+
+
+@triton.jit
 def route_kernel(
     LOGITS, BIAS, IDS, WEIGHTS, l_s0, E,
     TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -88,19 +107,14 @@ def _ranked(ROW, BIAS, E, TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl
     """(experts, their ranks, which are chosen, their routing weights), each [BLOCK_E], for the E logits at ROW."""
     e = tl.arange(0, BLOCK_E)
     e_mask = e < E
-    m = 0.0
-    denom = 1.0
-    if SOFTMAX:
-        logits = tl.load(ROW + e, mask=e_mask, other=float("-inf"), cache_modifier=".cg").to(tl.float32)
-        m = tl.max(logits, axis=0)
-        denom = tl.sum(tl.exp(logits - m), axis=0)
+    m, denom = _softmax_stats(tl.load(ROW + e, mask=e_mask, other=float("-inf"), cache_modifier=".cg").to(tl.float32),
+                              SOFTMAX)
     scores, chooser = _route_scores(ROW, BIAS, e, e_mask, m, denom, SOFTMAX, HAS_BIAS)
     rank = tl.zeros([BLOCK_E], tl.int32)
     for j0 in tl.static_range(0, BLOCK_E, CHUNK):
         j = j0 + tl.arange(0, CHUNK)
         _, other = _route_scores(ROW, BIAS, j, j < E, m, denom, SOFTMAX, HAS_BIAS)
-        beats = (other[None, :] > chooser[:, None]) | ((other[None, :] == chooser[:, None]) & (j[None, :] < e[:, None]))
-        rank += tl.sum(beats.to(tl.int32), axis=1)
+        rank += _beaten(chooser, e, other, j)
     chosen, weights = _picks(rank, scores, e_mask, TOP_K, RENORM)
     return e, rank, chosen, weights
 
@@ -118,25 +132,17 @@ def rank_logits(logits, BIAS, e, E, TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, 
     of 164. As the plain routing kernel's ranking (logits loaded once) all at once measured 0.45 us a layer slower
     than `_ranked`."""
     e_mask = e < E
-    m = 0.0
-    denom = 1.0
-    if SOFTMAX:
-        m = tl.max(logits, axis=0)
-        denom = tl.sum(tl.exp(logits - m), axis=0)
+    m, denom = _softmax_stats(logits, SOFTMAX)
     scores, chooser = _scores(logits, BIAS, e, e_mask, m, denom, SOFTMAX, HAS_BIAS)
     if CHUNK == 0:
-        rival = chooser[None, :]
-        beats = (rival > chooser[:, None]) | ((rival == chooser[:, None]) & (e[None, :] < e[:, None]))
-        rank = tl.sum(beats.to(tl.int32), axis=1)
+        rank = _beaten(chooser, e, chooser, e)
     else:
         tl.store(CHOOSERS + e, chooser)
         tl.debug_barrier()  # every thread's choosers stored before any is read back
         rank = tl.zeros_like(e)
         for j0 in range(0, E, CHUNK):  # E, not BLOCK_E: a runtime bound, a loop the compiler does not unroll
             j = j0 + tl.arange(0, CHUNK)
-            rival = tl.load(CHOOSERS + j)[None, :]
-            beats = (rival > chooser[:, None]) | ((rival == chooser[:, None]) & (j[None, :] < e[:, None]))
-            rank += tl.sum(beats.to(tl.int32), axis=1)
+            rank += _beaten(chooser, e, tl.load(CHOOSERS + j), j)
         tl.debug_barrier()  # read back before the scratch is written again (the next row's)
     chosen, weights = _picks(rank, scores, e_mask, TOP_K, RENORM)
     return rank, chosen, weights
