@@ -49,7 +49,7 @@ def main() -> int:
     parser.add_argument("--configs", default=";per_sm=3;rank_chunk=0")
     args = parser.parse_args()
 
-    from athanor.kernels import expert_gemv, linear_route, moe_block
+    from athanor.kernels import linear_route, moe_block, routed_experts
     from athanor.kernels.dispatch import _zeroed
 
     torch.manual_seed(0)
@@ -64,9 +64,7 @@ def main() -> int:
 
     def four() -> tuple[torch.Tensor, ...]:
         h, _, ids, weights = linear_route(*call[:10])
-        gate_up = expert_gemv(h, w_gate, ids, w2=w_up, norm_weight=nw, eps=1e-6)
-        return expert_gemv(gate_up[:, :inter], w_down, ids, up=gate_up[:, inter:], topk_weights=weights, residual=h,
-                           settled=True), h, ids
+        return routed_experts(h, w_gate, w_up, w_down, ids, weights, nw, 1e-6), h, ids
 
     ref_out, ref_h, ref_ids = four()
 

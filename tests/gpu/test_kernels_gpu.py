@@ -475,7 +475,7 @@ def test_moe_block_bf16_in_a_graph(dev, rows):
     rounding (other blocks), the ids theirs but for near ties, and the routing of the block's own h (`linear_route` on
     a zero input with h as the residual) the same bits (order-free sums); replays the same bits; no program gave up
     waiting (every one resident at once)."""
-    from athanor.kernels import expert_gemv, linear_route, moe_block
+    from athanor.kernels import linear_route, moe_block, routed_experts
     from athanor.kernels.dispatch import _zeroed
 
     bf = {"device": dev, "dtype": torch.bfloat16}
@@ -488,10 +488,7 @@ def test_moe_block_bf16_in_a_graph(dev, rows):
 
     def four() -> tuple[torch.Tensor, ...]:
         h, logits, ids, weights = linear_route(*call[:10])
-        gate_up = expert_gemv(h, w_gate, ids, w2=w_up, norm_weight=nw, eps=1e-6)
-        out = expert_gemv(gate_up[:, :inter], w_down, ids, up=gate_up[:, inter:], topk_weights=weights, residual=h,
-                          settled=True)
-        return out, h, logits, ids, weights
+        return routed_experts(h, w_gate, w_up, w_down, ids, weights, nw, 1e-6), h, logits, ids, weights
 
     moe_block(*call), four()  # compile and tune outside the capture
     graph, two = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()

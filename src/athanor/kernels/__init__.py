@@ -31,6 +31,7 @@ from athanor.kernels.moe import (
     has_grouped_mm,
     moe_experts,
     route,
+    routed_experts,
 )
 from athanor.kernels.moe_block import MoeBlockOutput, moe_block
 from athanor.kernels.norm import add_rms_norm, rms_norm
@@ -65,6 +66,7 @@ __all__ = [
     "rope_and_cache",
     "rope_cache_attention",
     "route",
+    "routed_experts",
     "router_topk",
     "sample_top_k_top_p",
     "silu_mul",

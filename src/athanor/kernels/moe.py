@@ -319,3 +319,14 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits, *, w2: Te
         if not launch_pinned(expert_gemv_kernel, expert_gemv_tuned, programs, args, flags):
             expert_gemv_tuned[programs](*args, **flags)
     return y
+
+
+def routed_experts(h: Tensor, w: Tensor, w2: Tensor | None, w_down: Tensor, topk_ids: Tensor | RouterLogits,
+                   topk_weights: Tensor | RouterLogits, norm_weight: Tensor, eps: float, impl: Impl = None) -> Tensor:
+    """h + the routed experts' MLP of a few decode tokens (their ids and weights given) in two `expert_gemv` calls:
+    gate and up of rms_norm(h, norm_weight) in one (w: [E, 2 * NI, H] both, or the gate with w2 the up), then the
+    down projections weighted, summed and added to h in the other (`settled`: it reads the ids before its wait)."""
+    gate_up = expert_gemv(h, w, topk_ids, w2=w2, norm_weight=norm_weight, eps=eps, impl=impl)
+    width = gate_up.shape[1] // 2
+    return expert_gemv(gate_up[:, :width], w_down, topk_ids, up=gate_up[:, width:], topk_weights=topk_weights,
+                       residual=h, settled=True, impl=impl)

@@ -31,7 +31,7 @@ from athanor.kernels.dispatch import (
     use_triton,
 )
 from athanor.kernels.gemv import MAX_FUSED_ROWS, ROUTER_SCALE, _workspace, linear_route
-from athanor.kernels.moe import expert_gemv
+from athanor.kernels.moe import routed_experts
 
 
 @dataclass(frozen=True)
@@ -126,9 +126,7 @@ def moe_block(x: Tensor, wo: Tensor, residual: Tensor, router_w: Tensor, norm_we
     if not fused or m == 0:
         h, logits, ids, weights = linear_route(x, wo, residual, router_w, norm_weight, eps, top_k, scoring,
                                                renormalize, selection_bias, impl=impl)
-        gate_up = expert_gemv(h, w_gate, ids, w2=w_up, norm_weight=norm_weight, eps=eps, impl=impl)
-        out = expert_gemv(gate_up[:, :ni], w_down, ids, up=gate_up[:, ni:], topk_weights=weights, residual=h,
-                          settled=True, impl=impl)
+        out = routed_experts(h, w_gate, w_up, w_down, ids, weights, norm_weight, eps, impl=impl)
         return MoeBlockOutput(out, h, logits, ids, weights)
     from athanor.kernels.jit.moe_block import moe_block_kernel
 

@@ -15,6 +15,7 @@ from athanor.kernels import (
     moe_experts,
     rms_norm,
     route,
+    routed_experts,
 )
 from athanor.model import reference
 
@@ -158,8 +159,7 @@ def test_moe_block_is_linear_route_then_the_expert_gemvs_bit_for_bit(gen, m, sco
     call = (x, wo, residual, router_w, nw, 1e-5, top_k, scoring, True, sel, w_gate, w_up, w_down)
     first, again = moe_block(*call), moe_block(*call)
     h, logits, ids, weights = linear_route(*call[:10])
-    gate_up = expert_gemv(h, w_gate, ids, w2=w_up, norm_weight=nw, eps=1e-5)
-    out = expert_gemv(gate_up[:, :inter], w_down, ids, up=gate_up[:, inter:], topk_weights=weights, residual=h)
+    out = routed_experts(h, w_gate, w_up, w_down, ids, weights, nw, 1e-5)
     for name, four in zip(("out", "h", "logits", "ids", "weights"), (out, h, logits, ids, weights), strict=True):
         assert torch.equal(getattr(first, name), getattr(again, name)), name
         assert torch.equal(getattr(first, name), four), name

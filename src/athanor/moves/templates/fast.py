@@ -27,7 +27,6 @@ from athanor.kernels import (
     decode_attention,
     decode_attention_flex,
     decode_attention_per_seq,
-    expert_gemv,
     fused_linear,
     linear,
     linear_route,
@@ -38,6 +37,7 @@ from athanor.kernels import (
     rope,
     rope_and_cache,
     rope_cache_attention,
+    routed_experts,
     router_topk,
     use_triton,
 )
@@ -450,10 +450,7 @@ class FastForward:
             self.routing_observer(i, topk_ids)
         gate_up_w = layer.experts_gate_up
         w, w2 = gate_up_w if isinstance(gate_up_w, tuple) else (gate_up_w, None)
-        gate_up = expert_gemv(h, w, topk_ids, w2=w2, norm_weight=layer.mlp_norm, eps=self.eps)
-        width = gate_up.shape[1] // 2
-        return expert_gemv(gate_up[:, :width], layer.experts_down, topk_ids, up=gate_up[:, width:],
-                           topk_weights=topk_weights, residual=h, settled=True)
+        return routed_experts(h, w, w2, layer.experts_down, topk_ids, topk_weights, layer.mlp_norm, self.eps)
 
     def decode(self, batch: DecodeBatch) -> Tensor:
         return self._decode_layers(batch.tokens, batch.positions, batch.slots)
