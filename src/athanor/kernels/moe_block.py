@@ -119,7 +119,7 @@ def moe_block(x: Tensor, wo: Tensor, residual: Tensor, router_w: Tensor, norm_we
     m, k = x.shape
     e, hidden = router_w.shape
     ni = w_gate.shape[1]
-    fused = (m <= MAX_FUSED_ROWS and e <= 1024 and use_triton(x, impl) and scoring in ("softmax", "sigmoid")
+    fused = (m <= MAX_FUSED_ROWS and use_triton(x, impl) and scoring in ("softmax", "sigmoid")
              and m * e <= router_sums(x.device).numel() and x.stride(1) == 1 and wo.stride(1) == 1
              and residual.stride(1) == 1 and router_w.is_contiguous()
              and all(w.stride(2) == 1 for w in (w_gate, w_up, w_down)) and w_gate.stride() == w_up.stride())
@@ -140,7 +140,8 @@ def moe_block(x: Tensor, wo: Tensor, residual: Tensor, router_w: Tensor, norm_we
     args = (x, wo, residual, h, _workspace(m, hidden, dev), tickets(dev), router_w, norm_weight, router_sums(dev),
             logits, selection_bias if selection_bias is not None else logits, ids, weights, w_gate, w_up, gate_up,
             w_down, out, _zeroed("moe_block_barrier", dev, 4, torch.int32), stamps if stamps is not None else ids,
-            _zeroed("moe_block_choosers", dev, 1024, torch.float32), torch.empty(m, dtype=torch.float32, device=dev),
+            torch.empty(next_pow2(e), dtype=torch.float32, device=dev),  # the routing program's ranks' scratch
+            torch.empty(m, dtype=torch.float32, device=dev),  # each row's 1/RMS, from the routing program
             m, hidden, k, e, ni, eps, ROUTER_SCALE, 1.0 / ROUTER_SCALE,
             x.stride(0), wo.stride(0), residual.stride(0), h.stride(0), w_gate.stride(0), w_gate.stride(1),
             w_up.stride(0), w_up.stride(1), gate_up.stride(0), w_down.stride(0), w_down.stride(1), out.stride(0))
