@@ -10,7 +10,7 @@
 # TESTS_K: a pytest -k expression to run only some tests; ATHANOR_EPILOGUE_EARLY=1: see athanor.kernels.gemv.
 #   ATHANOR_COMMIT=<hash> [AB=0] [ROUTING=FILE] [TESTS_K=EXPR] bash bench/gpu_epilogues.sh
 source "$(dirname "$0")/_gpu_env.sh"
-timeout 240 python3 -m pytest -q -s -m gpu tests/gpu/test_kernels_gpu.py ${TESTS_K:+-k "$TESTS_K"} > "$OUT/gpu_tests.log" 2>&1
+timeout 240 python3 -m pytest -q -s -m gpu tests/gpu/test_kernels_gpu.py tests/gpu/test_moe_gpu.py ${TESTS_K:+-k "$TESTS_K"} > "$OUT/gpu_tests.log" 2>&1
 grep -E "qkv_rope_cache|router_topk|passed|failed|FAILED|Error" "$OUT/gpu_tests.log" | tail -20
 routing=${ROUTING:-.routing/qwen3-30b-a3b_gsm8k_en.json}
 [ -f "$routing" ] || routing=""

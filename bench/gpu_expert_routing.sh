@@ -8,7 +8,7 @@
 # critical path; qwen3 replays $ROUTING (carried).
 #   ATHANOR_COMMIT=<hash> [ROUTING=FILE] bash bench/gpu_expert_routing.sh
 source "$(dirname "$0")/_gpu_env.sh"
-timeout 200 python3 -m pytest -q -s -m gpu tests/gpu/test_kernels_gpu.py \
+timeout 200 python3 -m pytest -q -s -m gpu tests/gpu/test_kernels_gpu.py tests/gpu/test_moe_gpu.py \
   -k "routes_itself or router_topk or qkv_rope_cache or best_candidate" > "$OUT/gpu_tests.log" 2>&1
 grep -E "passed|failed|FAILED|Error|expert_gemv routing|router_topk 128" "$OUT/gpu_tests.log" | tail -8
 routing=${ROUTING:-.routing/qwen3-30b-a3b_gsm8k_en.json}

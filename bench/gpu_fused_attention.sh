@@ -9,8 +9,8 @@
 # had the fused attention, the A/B file (split_kv) the split one. JSON under $OUT.
 #   ATHANOR_COMMIT=<hash> [TESTS=kernels] [AB=0] bash bench/gpu_fused_attention.sh
 source "$(dirname "$0")/_gpu_env.sh"
-tests="tests/gpu/test_kernels_gpu.py tests/gpu/test_serve_gpu.py tests/gpu/test_engine_gpu.py"
-[ "${TESTS:-}" = kernels ] && tests=tests/gpu/test_kernels_gpu.py
+tests="tests/gpu/test_kernels_gpu.py tests/gpu/test_moe_gpu.py tests/gpu/test_serve_gpu.py tests/gpu/test_engine_gpu.py"
+[ "${TESTS:-}" = kernels ] && tests="tests/gpu/test_kernels_gpu.py tests/gpu/test_moe_gpu.py"
 timeout 250 python3 -m pytest -q -s -m gpu $tests > "$OUT/gpu_tests.log" 2>&1
 grep -E "rope_cache_attention|passed|failed|FAILED|Error" "$OUT/gpu_tests.log" | tail -20
 fused=/tmp/fused_attention.py

@@ -5,7 +5,7 @@
 # serving steps' GPU test, and one stream through the server. JSON under $OUT.
 #   ATHANOR_COMMIT=<hash> bash bench/gpu_fused_gemv.sh
 source "$(dirname "$0")/_gpu_env.sh"
-timeout 200 python3 -m pytest -q -s -m gpu tests/gpu/test_kernels_gpu.py tests/gpu/test_serve_gpu.py \
+timeout 200 python3 -m pytest -q -s -m gpu tests/gpu/test_kernels_gpu.py tests/gpu/test_moe_gpu.py tests/gpu/test_serve_gpu.py \
   -k "fused_linear or chained" 2>&1 | grep -E "fused gemv|passed|failed|Error|assert" | tail -40
 best=/tmp/best_dense.py fused=/tmp/fused_gemv.py  # the best-known dense candidate, and it with gemv=triton_fused
 python3 -c 'from athanor.moves import best_options, render; from athanor.model.presets import PRESETS

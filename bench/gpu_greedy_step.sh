@@ -6,7 +6,7 @@
 # llama-3.1-8b's best-known candidates. JSON under $OUT.
 #   ATHANOR_COMMIT=<hash> bash bench/gpu_greedy_step.sh
 source "$(dirname "$0")/_gpu_env.sh"
-timeout 150 python3 -m pytest -q -s -m gpu tests/gpu/test_engine_gpu.py tests/gpu/test_kernels_gpu.py \
+timeout 150 python3 -m pytest -q -s -m gpu tests/gpu/test_engine_gpu.py tests/gpu/test_kernels_gpu.py tests/gpu/test_moe_gpu.py \
   -k "captured_decode or greedy" > "$OUT/gpu_tests.log" 2>&1
 grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tests.log" | tail -8
 timeout 200 python3 bench/decode_matrix.py --kernels --budget 150 \

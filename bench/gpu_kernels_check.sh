@@ -13,7 +13,7 @@ start=$SECONDS
 nvidia-smi -L
 python3 -c 'import torch, triton, sys; print(sys.version.split()[0], torch.__version__, triton.__version__)'
 
-timeout -k 10 170 python3 -m pytest tests/gpu/test_kernels_gpu.py -q -m gpu -p no:cacheprovider -s \
+timeout -k 10 170 python3 -m pytest tests/gpu/test_kernels_gpu.py tests/gpu/test_moe_gpu.py -q -m gpu -p no:cacheprovider -s \
   >"$OUT/gpu-kernels-test.log" 2>&1
 test_rc=$?
 echo "tests: exit $test_rc after $((SECONDS - start)) s (124: timed out)"

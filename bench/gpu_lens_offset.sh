@@ -7,7 +7,7 @@
 # 1024 per kernel and critical path for the three models' best-known candidates (the 1B twice); qwen3 replays $ROUTING.
 #   ATHANOR_COMMIT=<hash> [ROUTING=FILE] bash bench/gpu_lens_offset.sh
 source "$(dirname "$0")/_gpu_env.sh"
-timeout 240 python3 -m pytest -q -s -m gpu tests/gpu/test_kernels_gpu.py tests/gpu/test_engine_gpu.py tests/gpu/test_serve_gpu.py \
+timeout 240 python3 -m pytest -q -s -m gpu tests/gpu/test_kernels_gpu.py tests/gpu/test_moe_gpu.py tests/gpu/test_engine_gpu.py tests/gpu/test_serve_gpu.py \
   -k "best_candidate or captured_decode or swap_recaptures or chained" > "$OUT/gpu_tests.log" 2>&1
 grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tests.log" | tail -6
 routing=${ROUTING:-.routing/qwen3-30b-a3b_gsm8k_en.json}

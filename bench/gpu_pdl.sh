@@ -9,7 +9,7 @@
 # late against early, then set by ATHANOR_PDL_EARLY=1).
 #   ATHANOR_COMMIT=<hash> [VARIANT=late] bash bench/gpu_pdl.sh
 source "$(dirname "$0")/_gpu_env.sh"
-timeout 260 python3 -m pytest -q -m gpu tests/gpu/test_kernels_gpu.py tests/gpu/test_serve_gpu.py \
+timeout 260 python3 -m pytest -q -m gpu tests/gpu/test_kernels_gpu.py tests/gpu/test_moe_gpu.py tests/gpu/test_serve_gpu.py \
   tests/gpu/test_engine_gpu.py 2>&1 | grep -E "passed|failed|FAILED|Error" | tail -15
 cells=llama-3.2-1b:best:1:1024,llama-3.1-8b:best:1:1024,qwen3-30b-a3b:best:1:1024
 timeout 170 python3 bench/decode_matrix.py --kernels --budget 130 --cells $cells 2>&1 | tail -3
