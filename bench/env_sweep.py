@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
+from _record import result_path, write
 
 CONFIGS = ("", "per_sm=3", "rank_chunk=0", "block_n3=16", "block_k2=1024")
 """ATHANOR_MOE_BLOCK values tried after the default ("")."""
@@ -50,8 +48,6 @@ def main() -> int:
     from athanor.moves.decode_bench import bench_decode
     from decode_matrix import load_or_say
 
-    out = Path(os.environ.get("OUT", "bench/results"))
-    out.mkdir(parents=True, exist_ok=True)
     loaded = load_or_say(args.model, args.routing)
     if loaded is None:
         return 1
@@ -102,10 +98,9 @@ def main() -> int:
 
     result = {"model": args.model, "context": args.context, "routing": args.routing, "candidate": args.candidate,
               "var": args.var,
-              "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "git_commit": os.environ.get("ATHANOR_COMMIT", ""), "timings": timings, "fastest_config": fastest,
+              "timings": timings, "fastest_config": fastest,
               "check": check, "resident_per_sm": [[list(map(str, key)), n] for key, n in _RESIDENT.items()]}
-    (out / f"sweep_{args.var.lower()}_{args.model}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    write(result, result_path(f"sweep_{args.var.lower()}_{args.model}.json"))
     print(f"\n{'candidate':<48} {'ms/token':>9}")
     for t in timings:
         print(f"{t['label']:<48} {t.get('ms_per_token', float('nan')):>9.4f}")

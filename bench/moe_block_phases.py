@@ -18,10 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 import torch
+
+from _record import result_path, write
 
 SLOTS = ("O", "routed", "gate/up", "barrier", "down")
 """What ends at each stamp after the start (`jit.moe_block`'s TIMING)."""
@@ -88,11 +89,7 @@ def main() -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
     us_four, _ = _graph_us(four)
-    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "slots": SLOTS, "rows": rows,
-              "git_commit": os.environ.get("ATHANOR_COMMIT", ""), "four_launches_us": us_four}
-    out = Path(os.environ.get("OUT", "bench/results"))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "moe_block_phases.json").write_text(json.dumps(result, indent=2) + "\n")
+    write({"slots": SLOTS, "rows": rows, "four_launches_us": us_four}, result_path("moe_block_phases.json"))
     print(f"\nthe four launches: {us_four:.1f} us a call; the block, each phase's end from the first start "
           "(median / latest program), us:")
     print(f"{'config':<28} {'us':>6} {'P':>4} " + " ".join(f"{s:>13}" for s in SLOTS))

@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
-import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
+from _record import result_path, write
 
 ORDER = ("expert_gemv_kernel", "fused_gemv_router_kernel", "fused_gemv_kernel", "fused_gemv_rope_kernel")
 """The kernels in the order they are tuned: the largest shares of a MoE step first."""
@@ -53,8 +50,6 @@ def main() -> int:
 
     options = best_options(PRESETS[args.model])
     options.update(dict(item.split("=", 1) for item in args.set))
-    out = Path(os.environ.get("OUT", "bench/results"))
-    out.mkdir(parents=True, exist_ok=True)
     loaded = load_or_say(args.model, args.routing)
     if loaded is None:
         return 1
@@ -111,11 +106,9 @@ def main() -> int:
     changed = {name: {str(key): pin for key, pin in pins.items() if started.get(name, {}).get(key) != pin}
                for name, pins in tuned_pins.items()}
     result = {"model": args.model, "context": args.context, "options": options, "routing": args.routing,
-              "gpu": pinned.gpu_name(torch.cuda.current_device()), "git_commit": os.environ.get("ATHANOR_COMMIT", ""),
               "shapes": [[name, list(key)] for name, key in shapes], "timings": timings, "check": check,
               "changed_pins": {name: pins for name, pins in changed.items() if pins}}
-    path = out / f"step_tune_{args.model}.json"
-    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    write(result, result_path(f"step_tune_{args.model}.json"))
     print(f"check: start {check['start']}, tuned {check['tuned']} ms")
     for name, pins in result["changed_pins"].items():
         for key, pin in pins.items():
