@@ -227,6 +227,10 @@ class RouterLogits:
         return route(self.logits, self.top_k, self.scoring, self.renormalize, self.selection_bias, impl=impl)
 
 
+INTERPRETED: dict[str, int] = {"BLOCK_N": 16, "BLOCK_K": 32, "PREFETCH": 0}
+"""`expert_gemv_kernel`'s config on the CPU interpreter (a GPU autotunes or pins one); tests switch PREFETCH."""
+
+
 def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits, *, w2: Tensor | None = None,
                 up: Tensor | None = None, norm_weight: Tensor | None = None, eps: float = 0.0,
                 topk_weights: Tensor | RouterLogits | None = None, residual: Tensor | None = None,
@@ -307,9 +311,9 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits, *, w2: Te
              "BLOCK_E": next_pow2(max(num_experts, 1)), "CHUNK": min(32, next_pow2(max(num_experts, 1))),
              "RSTD_BLOCK": rstd_block(kk), **pdl(x)}
     if interpreting():
-        block = 16
+        block = INTERPRETED["BLOCK_N"]
         grid = (cdiv(n, block) + cdiv(n2, block), t * k)
-        expert_gemv_kernel[grid](*args, **flags, BLOCK_N=block, BLOCK_K=32)
+        expert_gemv_kernel[grid](*args, **flags, **INTERPRETED)
     else:
         from athanor.kernels.jit.pinned import launch_pinned
 

@@ -142,6 +142,29 @@ def test_expert_gemv_matches_its_torch_composition(gen, tokens):
 
 
 @triton_only
+def test_expert_gemv_prefetch_sums_the_same_bits(gen, monkeypatch):
+    """PREFETCH (each next weight tile and input chunk loaded before this tile is summed) changes what is in flight,
+    not the sums: gate/up with the norm prologue and down with SiLU-mul, weights and residual, bit for bit, over K
+    that ends in a short tile."""
+    from athanor.kernels import moe
+
+    e, k, h, i = 6, 3, 80, 40  # K 80 and 40: three and two tiles of 32, the last short
+    x = torch.randn(2, h, generator=gen)
+    w_gate, w_up = (torch.randn(e, i, h, generator=gen) * h**-0.5 for _ in range(2))
+    w_down = torch.randn(e, h, i, generator=gen) * i**-0.5
+    ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(2)])
+    weights, nw = torch.rand(2, k, generator=gen), torch.randn(h, generator=gen)
+    outs = []
+    for prefetch in (0, 1):
+        monkeypatch.setitem(moe.INTERPRETED, "PREFETCH", prefetch)
+        gate_up = expert_gemv(x, w_gate, ids, w2=w_up, norm_weight=nw, eps=1e-5)
+        outs.append((gate_up, expert_gemv(gate_up[:, :i], w_down, ids, up=gate_up[:, i:], topk_weights=weights,
+                                          residual=x)))
+    for before, after in zip(outs[0], outs[1], strict=True):
+        assert torch.equal(before, after)
+
+
+@triton_only
 @pytest.mark.parametrize(("m", "scoring", "with_bias"), [(1, "softmax", False), (3, "sigmoid", True)])
 def test_moe_block_is_linear_route_then_the_expert_gemvs_bit_for_bit(gen, m, scoring, with_bias):
     """The persistent MoE block (its three phases as three launches on the interpreter, three programs walking every

@@ -309,6 +309,40 @@ def _tile(acc, w, ks, k_hi, X, X2, NW, M, x_s0, x2_s0, rstd, rm,
 
 
 @triton.jit
+def stream_row(w, w_rows, n_mask, k_hi, X, X2, NW, r, NORM: tl.constexpr, SILU: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The sums [BLOCK_N] of a strip's weight rows w_rows over [0, k_hi) with one input row (X, X2, NW: its
+    prologue's operands, r its 1/RMS under NORM), the first tile w loaded: each next tile's weights and input chunks
+    are loaded before this one is summed, in registers (Triton pipelines only the loads that feed a tl.dot), so a
+    program has two tiles in flight. The same sums in the same order as `_tile` tile by tile."""
+    dtype: tl.constexpr = X.dtype.element_ty
+    rk = tl.arange(0, BLOCK_K)
+    x, up, nw = _row_chunk(X, X2, NW, rk, k_hi, NORM, SILU)
+    acc = tl.zeros([w.shape[0]], tl.float32)
+    for k0 in range(BLOCK_K, k_hi, BLOCK_K):
+        ks = k0 + rk
+        w_next = tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & (ks < k_hi)[None, :], other=0.0)
+        x_next, up_next, nw_next = _row_chunk(X, X2, NW, ks, k_hi, NORM, SILU)
+        acc += tl.sum(w.to(tl.float32) * row_input(x, up, nw, r, dtype, NORM, SILU).to(tl.float32)[None, :], axis=1)
+        w, x, up, nw = w_next, x_next, up_next, nw_next
+    return acc + tl.sum(w.to(tl.float32) * row_input(x, up, nw, r, dtype, NORM, SILU).to(tl.float32)[None, :], axis=1)
+
+
+@triton.jit
+def _row_chunk(X, X2, NW, ks, k_hi, NORM: tl.constexpr, SILU: tl.constexpr):
+    """A row's input chunk at ks (< k_hi), with its up chunk under SILU (else x again) and the norm weight's in fp32
+    under NORM (else 0): what `row_input` takes."""
+    k_mask = ks < k_hi
+    x = tl.load(X + ks, mask=k_mask, other=0.0)
+    up = x
+    if SILU:
+        up = tl.load(X2 + ks, mask=k_mask, other=0.0)
+    nw = tl.zeros_like(ks).to(tl.float32)
+    if NORM:
+        nw = tl.load(NW + ks, mask=k_mask, other=0.0).to(tl.float32)
+    return x, up, nw
+
+
+@triton.jit
 def row_input(x, up, nw, r, dtype: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr):
     """The prologue on a row's K chunk x, loaded (with its `up` chunk under SILU, the norm weight's nw in fp32 under
     NORM): silu(x) * up, or x * r (the row's 1/RMS) times nw, each rounded to dtype as the unfused kernels round."""
@@ -366,6 +400,7 @@ def expert_gemv_kernel(
     ROUTE: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, RSTD_BLOCK: tl.constexpr,
+    PREFETCH: tl.constexpr = 0,
 ):
     """A few tokens' routed experts, their ids read on the device: grid (strips of N + N2, tokens * TOP_K).
 
@@ -380,6 +415,9 @@ def expert_gemv_kernel(
     ROUTE: IDS is the router's logits [tokens, E] (row stride ids_s0), not ids: the program ranks its token's E
     logits itself and takes its choice's expert and weight (`route_choice`: what the routing kernel would have
     stored), so routing needs no launch of its own.
+
+    PREFETCH (a config's choice): each weight tile and input chunk is loaded before the previous tile is summed
+    (`stream_row`), so two tiles a program are in flight instead of one; the same sums in the same order.
 
     PDL: the program waits for the previous kernel before reading the ids (they come from the routing
     kernel, or the logits from the router's GEMV), unless SETTLED (see `expert_gemv`): then it reads them and
@@ -401,8 +439,7 @@ def expert_gemv_kernel(
         e = e.to(tl.int64)
     else:
         e = tl.load(IDS + pair, cache_modifier=".cg").to(tl.int64)  # from L2: written by another launch
-    w_rows = tl.where(second, W2 + e * w2_se + col[:, None].to(tl.int64) * w2_sn,
-                      W + e * w_se + col[:, None].to(tl.int64) * w_sn)
+    w_rows = expert_rows(second, W2, w2_se, w2_sn, W, w_se, w_sn, e, col)
     rk = tl.arange(0, BLOCK_K)
     w_first = tl.load(w_rows + rk[None, :], mask=n_mask[:, None] & (rk < K)[None, :], other=0.0)
     if PDL:
@@ -415,11 +452,15 @@ def expert_gemv_kernel(
     if NORM:
         rstd += _rstd(X + row * x_s0, K, eps, 1, BLOCK_K, RSTD_BLOCK)
     acc = tl.zeros([1, BLOCK_N], tl.float32)
-    acc = _tile(acc, w_first, rk, K, X + row * x_s0, X2 + row * x_s0, NW, 1, 0, 0, rstd, rm, NORM, SILU, 1)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        ks = k0 + rk
-        w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & (ks < K)[None, :], other=0.0)
-        acc = _tile(acc, w, ks, K, X + row * x_s0, X2 + row * x_s0, NW, 1, 0, 0, rstd, rm, NORM, SILU, 1)
+    if PREFETCH:
+        acc += stream_row(w_first, w_rows, n_mask, K, X + row * x_s0, X2 + row * x_s0, NW, tl.sum(rstd, axis=0),
+                          NORM, SILU, BLOCK_K)[None, :]
+    else:
+        acc = _tile(acc, w_first, rk, K, X + row * x_s0, X2 + row * x_s0, NW, 1, 0, 0, rstd, rm, NORM, SILU, 1)
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            ks = k0 + rk
+            w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & (ks < K)[None, :], other=0.0)
+            acc = _tile(acc, w, ks, K, X + row * x_s0, X2 + row * x_s0, NW, 1, 0, 0, rstd, rm, NORM, SILU, 1)
     mask = n_mask[None, :]
     if SUM:
         if ROUTE:
@@ -440,13 +481,25 @@ def expert_gemv_kernel(
         tl.store(Y + pair * y_s0 + out_col[None, :], acc.to(Y.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def expert_rows(second, A, a_se, a_sn, B, b_se, b_sn, e, col):
+    """Pointers [len(col), 1] to rows col of expert e's weight: A's (strides a_se, a_sn) where `second`, else B's.
+    The weight is picked once, as scalars: a select between two pointer tiles hides their contiguity from the
+    compiler, which then loads each tile 2 bytes at a time instead of 16 (sm_90 PTX: ld.global.b16, 116 registers
+    for the gate/up GEMV's 16 x 256 tile, against ld.global.v4.b32 and 64 registers this way)."""
+    base = tl.where(second, A + e * a_se, B + e * b_se)
+    return base + col[:, None].to(tl.int64) * tl.where(second, a_sn, b_sn)
+
+
 def _expert_configs() -> list[triton.Config]:
     # BLOCK_K 1024: a down projection's K (768 for qwen3-30b-a3b) in one tile; the persistent MoE block's phases ran
     # much faster with their K in fewer, larger tiles (`bench/results/moe-block/`).
-    shapes = [(8, 512, 4, 3), (16, 256, 4, 3), (16, 512, 4, 3), (32, 256, 4, 3), (32, 512, 4, 2), (64, 128, 4, 3),
-              (8, 1024, 4, 2), (16, 1024, 4, 2)]
-    return [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=warps, num_stages=stages)
-            for n, k, warps, stages in shapes]
+    # PREFETCH 1: two tiles in flight a program (`stream_row`) for a few more registers.
+    shapes = [(8, 512, 4, 3, 0), (16, 256, 4, 3, 0), (16, 512, 4, 3, 0), (32, 256, 4, 3, 0), (32, 512, 4, 2, 0),
+              (64, 128, 4, 3, 0), (8, 1024, 4, 2, 0), (16, 1024, 4, 2, 0),
+              (8, 512, 4, 3, 1), (16, 256, 4, 3, 1), (16, 512, 4, 3, 1), (32, 256, 4, 3, 1)]
+    return [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "PREFETCH": prefetch}, num_warps=warps, num_stages=stages)
+            for n, k, warps, stages, prefetch in shapes]
 
 
 expert_gemv_tuned = triton.autotune(configs=_expert_configs(),

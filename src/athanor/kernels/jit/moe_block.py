@@ -36,6 +36,7 @@ import triton.language as tl
 from athanor.kernels.jit.fused_gemv import (
     _tile,
     add_router_share,
+    expert_rows,
     k_range,
     route_sums_row,
     router_strip,
@@ -232,8 +233,7 @@ def _gate_up_load(it, total, pid, programs, tiles, half, experts, H, NW, WG, WU,
     phase 2, of its pair's expert and token (zeros from `total` on)."""
     pair, _, ks, col, n_mask, second = _gate_up_at(it, pid, programs, tiles, half, NI, BLOCK_N, BLOCK_K)
     expert = tl.sum(tl.where(tl.arange(0, BLOCK_P) == pair, experts, 0), axis=0)
-    rows = tl.where(second, WU + expert * wu_se + col[:, None].to(tl.int64) * wu_sn,
-                    WG + expert * wg_se + col[:, None].to(tl.int64) * wg_sn)
+    rows = expert_rows(second, WU, wu_se, wu_sn, WG, wg_se, wg_sn, expert, col)
     live = (ks < N) & (ks * 0 + it < total)
     w = tl.load(rows + ks[None, :], mask=n_mask[:, None] & live[None, :], other=0.0)
     x = tl.load(H + (pair // TOP_K) * h_s0 + ks, mask=live, other=0.0)
