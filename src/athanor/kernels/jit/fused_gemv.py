@@ -497,7 +497,9 @@ def _expert_configs() -> list[triton.Config]:
     # PREFETCH 1: two tiles in flight a program (`stream_row`) for a few more registers.
     shapes = [(8, 512, 4, 3, 0), (16, 256, 4, 3, 0), (16, 512, 4, 3, 0), (32, 256, 4, 3, 0), (32, 512, 4, 2, 0),
               (64, 128, 4, 3, 0), (8, 1024, 4, 2, 0), (16, 1024, 4, 2, 0),
-              (8, 512, 4, 3, 1), (16, 256, 4, 3, 1), (16, 512, 4, 3, 1), (32, 256, 4, 3, 1)]
+              (8, 512, 4, 3, 1), (16, 256, 4, 3, 1), (16, 512, 4, 3, 1), (32, 256, 4, 3, 1),
+              (32, 256, 8, 3, 1), (64, 256, 8, 3, 1), (64, 128, 4, 3, 1), (32, 512, 8, 2, 1), (32, 128, 4, 3, 1),
+              (64, 128, 8, 3, 1), (32, 256, 2, 3, 1)]
     return [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "PREFETCH": prefetch}, num_warps=warps, num_stages=stages)
             for n, k, warps, stages, prefetch in shapes]
 

@@ -47,7 +47,7 @@ PINNED: dict[str, dict[str, dict[tuple[Any, ...], Pin]]] = {
             (1, 2048, 4096, 128, True, True): ({'BLOCK_N': 8, 'BLOCK_K': 512, 'SPLIT_K': 4}, 4, 3),
         },
         "expert_gemv_kernel": {
-            (768, 768, 2048, True, True, False, False, 8, False, False, True): ({'BLOCK_N': 16, 'BLOCK_K': 256, 'PREFETCH': 0}, 4, 3),
+            (768, 768, 2048, True, True, False, False, 8, False, False, True): ({'BLOCK_N': 32, 'BLOCK_K': 256, 'PREFETCH': 1}, 4, 3),
             (2048, 0, 768, False, False, True, True, 8, True, False, True): ({'BLOCK_N': 32, 'BLOCK_K': 256, 'PREFETCH': 0}, 4, 3),
             (768, 768, 2048, True, True, False, False, 8, False, True, True): ({'BLOCK_N': 16, 'BLOCK_K': 256, 'PREFETCH': 0}, 4, 3),
             (2048, 0, 768, False, False, True, True, 8, True, True, True): ({'BLOCK_N': 32, 'BLOCK_K': 256, 'PREFETCH': 0}, 4, 3),
