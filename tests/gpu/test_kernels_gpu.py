@@ -289,6 +289,39 @@ def test_qkv_rope_cache_bf16_in_a_graph(dev, hq, hkv, d, qk_norm, hidden):
           f"GEMV + RoPE kernel {time_ms(two.replay) * 1e3:.1f} us")
 
 
+def test_early_keys_attention_after_the_qkv_rope_epilogue_in_a_graph(dev):
+    """early_keys loads each split's first tile before its PDL wait: after the QKV GEMV whose RoPE epilogue writes
+    each row's newest key (qwen3-30b-a3b's shape), captured once and replayed at new positions, the newest key read
+    again after the wait is the one written this step: bit for bit the attention that waits first."""
+    from athanor.kernels import KVWrite, decode_attention, qkv_rope_cache
+
+    bf = {"device": dev, "dtype": torch.bfloat16}
+    hq, hkv, d, hidden, max_len = 32, 4, 128, 2048, 1040
+    h, w = torch.randn(1, hidden, **bf), torch.randn((hq + 2 * hkv) * d, hidden, **bf) / hidden**0.5
+    nw, angles = torch.randn(hidden, **bf), torch.randn(max_len, d, device=dev)
+    caches = [torch.randn(3, hkv, max_len, d, **bf) for _ in range(2)]
+    slots, positions = torch.tensor([2], device=dev), torch.tensor([7], device=dev)
+    kv = KVWrite(angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16), positions, slots, *caches,
+                 torch.randn(d, **bf), torch.randn(d, **bf))
+    outs = {}
+    graphs = {}
+    for early in (False, True):
+        q = qkv_rope_cache(h, w, None, nw, 1e-6, hq, kv)  # autotune and compile outside the capture
+        decode_attention(q, *caches, slots, positions, lens_offset=1, early_keys=early)
+        graphs[early] = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graphs[early]):
+            q = qkv_rope_cache(h, w, None, nw, 1e-6, hq, kv)
+            outs[early] = decode_attention(q, *caches, slots, positions, lens_offset=1, early_keys=early)
+    for position in (1023, 64, 0, 700):
+        h.copy_(torch.randn_like(h))
+        positions.fill_(position)
+        graphs[False].replay()
+        expected = outs[False].clone()
+        caches[0][2, :, position].fill_(7.0)  # a stale newest key: the early graph must read the one it writes
+        graphs[True].replay()
+        assert torch.equal(outs[True], expected), position
+
+
 def test_row_kernels_past_two_to_the_31_elements(dev):
     """A prefill of 76k tokens through an 8B's fused gate|up ([76k, 28672] bf16: 2.2e9 elements) and RMSNorm:
     row offsets past 2^31 once overflowed int32, an illegal memory access in the tier benchmark (24afa45, 524fe1e)."""

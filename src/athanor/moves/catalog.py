@@ -131,6 +131,11 @@ MOVES: tuple[Move, ...] = (
              "the merge runs (else they launch as it exits). H200, batch 1: llama-3.2-1b 0.900 vs 0.912 ms; "
              "qwen3-30b-a3b 2.991 vs 2.903 ms, whose larger O projection's early loads slowed the merge. Changes "
              "no value."),
+    Move("early_keys", (False, True), False, cuda_only=(True,),
+         doc="With attention='triton_split_kv' under programmatic dependent launch: each split program loads its "
+             "first tile of cached keys and values (written by earlier steps) before waiting for the kernel that "
+             "wrote q and the new token's key, and reads that one key again after the wait, so the cache's bytes "
+             "stream while the QKV projection finishes. Changes no value."),
     Move("linear_dtype", (None, "bfloat16"), None, lossy=True,
          doc="Linear layers (every projection, the dense and shared-expert MLPs, the LM head) run on bf16 copies "
              "of their weights made in build(): activations are cast to bf16 and each result back to the model "

@@ -136,3 +136,19 @@ def test_lens_offset_attends_one_key_more_per_row(gen, impl):
     slots, positions = torch.tensor([3, 0, 1]), torch.tensor([0, 41, 79])
     torch.testing.assert_close(decode_attention(q, k_cache, v_cache, slots, positions, impl=impl, lens_offset=1),
                                decode_attention(q, k_cache, v_cache, slots, positions + 1, impl=impl), rtol=0, atol=0)
+
+
+@triton_only
+@pytest.mark.parametrize("num_splits", [None, 1, 3, 8])
+def test_early_keys_attends_the_same_bits(gen, num_splits):
+    """early_keys (the split's first tile loaded before the PDL wait, the newest key re-read after it) peels the
+    first tile off the loop: the same sums in the same order, for rows of one key, of splits with no keys (8 splits
+    of 2 keys), of one tile and of several tiles a split (BLOCK_N 64; 200 keys in one split)."""
+    q = torch.randn(4, 4, 16, generator=gen)
+    k_cache, v_cache = torch.randn(5, 2, 200, 16, generator=gen), torch.randn(5, 2, 200, 16, generator=gen)
+    slots, kv_lens = torch.tensor([3, 0, 1, 4]), torch.tensor([1, 2, 70, 200])
+    out = decode_attention(q, k_cache, v_cache, slots, kv_lens, num_splits=num_splits, impl="triton",
+                           early_keys=True)
+    assert torch.equal(out, decode_attention(q, k_cache, v_cache, slots, kv_lens, num_splits=num_splits,
+                                             impl="triton"))
+    torch.testing.assert_close(out, _expected(q, k_cache, v_cache, slots, kv_lens), rtol=1e-4, atol=1e-5)

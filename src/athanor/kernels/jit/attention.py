@@ -56,9 +56,9 @@ def decode_attention_split_kernel(
     GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
     S_CHUNK: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr, MERGE: tl.constexpr, PDL: tl.constexpr,
-    LENS_OFFSET: tl.constexpr = 0,
+    LENS_OFFSET: tl.constexpr = 0, EARLY_KEYS: tl.constexpr = False,
 ):
-    if PDL:  # programmatic dependent launch: wait for the kernel that wrote q and the cache
+    if PDL and not EARLY_KEYS:  # programmatic dependent launch: wait for the kernel that wrote q and the cache
         tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)
     hk = tl.program_id(1)
@@ -87,26 +87,37 @@ def decode_attention_split_kernel(
             tl.store(K_CACHE + new_offs, k_new)
             tl.store(V_CACHE + new_offs, tl.load(V_NEW + b * vn_s0 + hk * vn_s1 + one[:, None] + d[None, :]))
         tl.debug_barrier()  # the whole program sees those stores before its loop reads them back
-    else:
+    elif EARLY_KEYS:
+        # The split's first tile of keys and values, but for the row's newest key, was written by earlier steps: in
+        # flight before the wait (see `decode_attention(early_keys=True)`); the newest key's row read after it.
+        offs = start + tl.arange(0, BLOCK_N)
+        n_mask = offs < end
+        kv_offs = kv_base + offs[:, None].to(tl.int64) * c_s2 + d[None, :]
+        k_first = tl.load(K_CACHE + kv_offs, mask=n_mask[:, None], other=0.0)
+        v_first = tl.load(V_CACHE + kv_offs, mask=n_mask[:, None], other=0.0)
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        newest = (offs == kv_len - 1)[:, None]
+        k_first = tl.where(newest, tl.load(K_CACHE + kv_offs, mask=newest, other=0.0), k_first)
+        v_first = tl.where(newest, tl.load(V_CACHE + kv_offs, mask=newest, other=0.0), v_first)
+    if not ROPE:
         q = tl.load(Q + b * q_s0 + heads[:, None] * q_s1 + d[None, :], mask=g_mask[:, None], other=0.0)  # [G, D]
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
-    for n0 in range(start, end, BLOCK_N):
+    loop_start = start
+    if EARLY_KEYS:
+        if start < end:  # a split past the row's keys has none, and keeps m_i at -inf
+            m_i, l_i, acc = _attend_tile(q, k_first, v_first, start + tl.arange(0, BLOCK_N) < end, m_i, l_i, acc, scale)
+        loop_start = start + BLOCK_N
+    for n0 in range(loop_start, end, BLOCK_N):
         offs = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs < end
         kv_offs = kv_base + offs[:, None].to(tl.int64) * c_s2 + d[None, :]
         k = tl.load(K_CACHE + kv_offs, mask=n_mask[:, None], other=0.0)  # [N, D]
         v = tl.load(V_CACHE + kv_offs, mask=n_mask[:, None], other=0.0)
-        scores = tl.dot(q, tl.trans(k)) * scale  # [G, N] fp32
-        scores = tl.where(n_mask[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        m_i, l_i, acc = _attend_tile(q, k, v, n_mask, m_i, l_i, acc, scale)
 
     has_keys = l_i > 0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
@@ -125,6 +136,20 @@ def decode_attention_split_kernel(
                 merge_heads(O_PART + b * o_s0, LSE_PART + b * l_s0, OUT + b * out_s0, hk * GROUP + hh, hh < GROUP,
                             o_s1, o_s2, l_s1, out_s1, NUM_SPLITS, BLOCK_H, BLOCK_S, S_CHUNK, HEAD_DIM)
                 tl.atomic_xchg(ticket_ptr, 0)  # ready for the next launch (CUDA-graph replays included)
+
+
+@triton.jit
+def _attend_tile(q, k, v, n_mask, m_i, l_i, acc, scale):
+    """The online softmax's step over one tile of keys k and values v ([N, D]; n_mask: the live ones) for the query
+    rows q [G, D]: the running max m_i, sum l_i and output acc, updated."""
+    scores = tl.dot(q, tl.trans(k)) * scale  # [G, N] fp32
+    scores = tl.where(n_mask[None, :], scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(scores - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
 
 
 @triton.jit

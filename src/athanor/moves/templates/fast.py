@@ -67,6 +67,7 @@ OPTIONS: dict[str, Any] = {
     "graphs": True,
     "linear_dtype": None,
     "merge_early": False,
+    "early_keys": False,
 }
 # --- end OPTIONS ---
 
@@ -331,7 +332,8 @@ class FastForward:
         if OPTIONS["attention"] == "torch_flex":
             return decode_attention_flex(q, kc, vc, slots, kv_lens)
         return decode_attention(q, kc, vc, slots, kv_lens, static=self.static, impl=impl("attention"),
-                                merge_early=bool(OPTIONS["merge_early"]), lens_offset=self.lens_offset)
+                                merge_early=bool(OPTIONS["merge_early"]), lens_offset=self.lens_offset,
+                                early_keys=bool(OPTIONS["early_keys"]))
 
     def _attend_fused(self, i: int, layer: Layer, h: Tensor, positions: Tensor, slots: Tensor,
                       kv_lens: Tensor) -> Tensor:
