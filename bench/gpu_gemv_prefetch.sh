@@ -5,6 +5,11 @@
 # batch 1, context 1024. The GPU GEMV tests first, under the setting.
 #   ATHANOR_COMMIT=<hash> [ROUTING=FILE] bash bench/gpu_gemv_prefetch.sh
 source "$(dirname "$0")/_gpu_env.sh"
+# The expert GEMV's loads and registers as this Triton compiles them, for this tree and (when carried) the one before
+# 5cceb4b's scalar weight pick ($BASE, as in gpu_expert_loads.sh).
+python3 bench/ptx_loads.py 2>&1 | grep -vi warn
+base=${BASE:-.ab_base}
+[ -d "$base/src" ] && cp bench/ptx_loads.py "$base/bench/" && python3 "$base/bench/ptx_loads.py" 2>&1 | grep -vi warn | sed "s/^/before: /"
 ATHANOR_GEMV_PREFETCH=1 gpu_tests 120 "fused_linear or splitk or qkv_rope or linear_route or router_topk or early_keys"
 routing=${ROUTING:-.routing/qwen3-30b-a3b_gsm8k_en.json}
 [ -f "$routing" ] || routing=""
