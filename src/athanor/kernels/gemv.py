@@ -191,16 +191,6 @@ def router_topk(h: Tensor, w: Tensor, norm_weight: Tensor, eps: float, top_k: in
     return ids, weights
 
 
-def gemv_prefetch() -> int:
-    """The fused GEMVs (`fused_linear`, `qkv_rope_cache`, `router_topk`, `linear_route`'s projection) load each next
-    weight tile before summing the one in hand (PREFETCH: two tiles in flight a program) with 1, or after it with 0:
-    ATHANOR_GEMV_PREFETCH, read at each launch from Python (A/B runs in one process: `bench/env_sweep.py`)."""
-    value = os.environ.get("ATHANOR_GEMV_PREFETCH", "0")
-    if value not in ("0", "1"):
-        raise ConfigError(f"ATHANOR_GEMV_PREFETCH must be 0 or 1, not {value!r}")
-    return int(value)
-
-
 def route_chunk() -> int:
     """`linear_route`'s routing kernel ranks its experts CHUNK rivals at a time, in a loop over choosers it stored
     (`rank_logits`), or all at once in registers with 0: ATHANOR_ROUTE_CHUNK, 32 by default, read at each launch from
@@ -281,8 +271,7 @@ def _launch(kernel: Any, tuned: Any, args: tuple[Any, ...], flags: dict[str, Any
     on the CPU interpreter with fixed small blocks and split-K on for long K, so the tests' small shapes take the
     split path too (timing configs there measures nothing). `early`: trigger the next kernel's launch at the start
     (see `dispatch.PDL_EARLY`)."""
-    flags = {**flags, "BLOCK_M": next_pow2(m), **pdl(args[0]), "EARLY": early, "RSTD_BLOCK": rstd_block(k),
-             "PREFETCH": gemv_prefetch()}
+    flags = {**flags, "BLOCK_M": next_pow2(m), **pdl(args[0]), "EARLY": early, "RSTD_BLOCK": rstd_block(k)}
     if interpreting():
         split = 3 if k >= 192 else 1
         kernel[(cdiv(n, 16), split)](*args, **flags, BLOCK_N=16, BLOCK_K=64, SPLIT_K=split)

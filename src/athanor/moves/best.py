@@ -24,6 +24,9 @@ sums) took qwen3-30b-a3b to 2.610-2.631 ms against 2.713-2.747 (alternating, two
 `merge_early` (the attention merge lets the O projection launch after its wait) for dense models only: llama-3.2-1b
 0.900 vs 0.912 ms, llama-3.1-8b 4.229 vs 4.260 ms (`bench/results/merge-early/`), qwen3-30b-a3b 2.991 vs 2.903 ms
 (`bench/results/attention-merge/`).
+`early_keys` (each attention split program loads its first tile of cached keys before its PDL wait) for MoE only:
+qwen3-30b-a3b 2.560, 2.562 vs 2.568, 2.570 ms; llama-3.2-1b 0.875, 0.875 vs 0.879, 0.879 but llama-3.1-8b 4.207 vs
+4.190 (alternating, one call; `bench/results/early-keys-16c892d/`), so dense models keep it off.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ def best_options(spec: ModelSpec, device: str = "cuda", lossy: bool = False) -> 
         options["fused_gate_up"] = False
         if device.startswith("cuda"):  # the router's sums in the O projection; the early merge measured slower
             options["routing"], options["merge_early"] = "triton_o_epilogue", False
+            options["early_keys"] = True
     if lossy:
         options["linear_dtype"] = "bfloat16"
     return options

@@ -209,35 +209,6 @@ def test_linear_route_ranks_the_same_in_chunks(gen, monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(chunked, linear_route(*call, impl="triton"), strict=True))
 
 
-@triton_only
-def test_gemv_prefetch_sums_the_same_bits(gen, monkeypatch):
-    """ATHANOR_GEMV_PREFETCH=1 (each next weight tile loaded before the one in hand is summed) changes what is in
-    flight, not the sums: the fused GEMV with each prologue and epilogue (split-K 3 on the interpreter, its last
-    split empty), the QKV GEMV with its RoPE epilogue, the O projection with the router's sums and the router with its
-    top-k, bit for bit; a value other than 0 or 1 is refused."""
-    m, k, n = 3, 200, 70
-    x, w, b = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
-    up, nw, residual = torch.randn(m, k, generator=gen), torch.randn(k, generator=gen), torch.randn(m, n, generator=gen)
-    router_w, wqkv = torch.randn(12, n, generator=gen), torch.randn((4 + 2 * 2) * 32, k, generator=gen) / k**0.5
-
-    def run() -> list[torch.Tensor]:
-        kv = _kv_write(torch.Generator().manual_seed(1), True)  # fresh caches each run: the epilogue writes them
-        outs = [fused_linear(x, w, b, norm_weight=nw, eps=1e-5, residual=residual), fused_linear(x, w, up=up),
-                fused_linear(x[:1], w, b), qkv_rope_cache(x, wqkv, None, nw, 1e-5, 4, kv), kv.k_cache, kv.v_cache]
-        outs += linear_route(x, w, residual, router_w, torch.randn(n, generator=torch.Generator().manual_seed(2)),
-                             1e-5, 4, "softmax", True, None)
-        return outs + list(router_topk(residual, router_w, torch.ones(n), 1e-5, 4, "softmax", True, None))
-
-    monkeypatch.setenv("ATHANOR_GEMV_PREFETCH", "0")
-    before = run()
-    monkeypatch.setenv("ATHANOR_GEMV_PREFETCH", "1")
-    after = run()
-    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
-    monkeypatch.setenv("ATHANOR_GEMV_PREFETCH", "2")
-    with pytest.raises(ConfigError, match="ATHANOR_GEMV_PREFETCH"):
-        fused_linear(x, w, b)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 16, 384])
 def test_onednn_linear_is_f_linear_up_to_rounding(gen, dtype, rows):

@@ -41,11 +41,10 @@ def fused_gemv_kernel(
     x_s0, x2_s0, w_s0, r_s0, y_s0,
     NORM: tl.constexpr, SILU: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr, PREFETCH: tl.constexpr = 0,
+    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr,
 ):
     gemv_strip(X, X2, W, B, NW, R, Y, WS, TICKETS, M, N, K, eps, x_s0, x2_s0, w_s0, r_s0, y_s0,
-               NORM, SILU, BIAS, RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK,
-               PREFETCH)
+               NORM, SILU, BIAS, RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK)
 
 
 @triton.jit
@@ -53,7 +52,7 @@ def gemv_strip(
     X, X2, W, B, NW, R, Y, WS, TICKETS, M, N, K, eps, x_s0, x2_s0, w_s0, r_s0, y_s0,
     NORM: tl.constexpr, SILU: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr, PREFETCH: tl.constexpr,
+    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr,
 ):
     """The body of `fused_gemv_kernel`, for the kernels that do more after it (`fused_gemv_rope_kernel`,
     `fused_gemv_route_kernel`). Returns whether this program wrote its strip of Y: always without split-K,
@@ -79,22 +78,11 @@ def gemv_strip(
             rstd = tl.where(rm == m, _rstd(X + m * x_s0, K, eps, M - m, BLOCK_K, RSTD_BLOCK), rstd)
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    if PREFETCH:  # each next tile in flight while this one is summed (see `stream_row`)
-        w = w_first
-        k_at = k_lo
-        for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
-            w_next = tl.load(w_rows + (k0 + rk)[None, :], mask=n_mask[:, None] & ((k0 + rk) < k_hi)[None, :],
-                             other=0.0)
-            acc = _tile(acc, w, k_at + rk, k_hi, X, X2, NW, M, x_s0, x2_s0, rstd, rm, NORM, SILU, BLOCK_M)
-            w = w_next
-            k_at = k0
-        acc = _tile(acc, w, k_at + rk, k_hi, X, X2, NW, M, x_s0, x2_s0, rstd, rm, NORM, SILU, BLOCK_M)
-    else:
-        acc = _tile(acc, w_first, k_lo + rk, k_hi, X, X2, NW, M, x_s0, x2_s0, rstd, rm, NORM, SILU, BLOCK_M)
-        for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
-            ks = k0 + rk
-            w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & (ks < k_hi)[None, :], other=0.0)
-            acc = _tile(acc, w, ks, k_hi, X, X2, NW, M, x_s0, x2_s0, rstd, rm, NORM, SILU, BLOCK_M)
+    acc = _tile(acc, w_first, k_lo + rk, k_hi, X, X2, NW, M, x_s0, x2_s0, rstd, rm, NORM, SILU, BLOCK_M)
+    for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
+        ks = k0 + rk
+        w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & (ks < k_hi)[None, :], other=0.0)
+        acc = _tile(acc, w, ks, k_hi, X, X2, NW, M, x_s0, x2_s0, rstd, rm, NORM, SILU, BLOCK_M)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()  # weights read: the next kernel may start (a no-op after EARLY's)
     return strip_end(acc, pid_n, tl.program_id(1), tl.num_programs(0), B, R, Y, WS, TICKETS, M, N, r_s0, y_s0,
@@ -143,15 +131,14 @@ def fused_gemv_rope_kernel(
     M, N, K, eps, x_s0, w_s0, y_s0, c_s0, c_s1, c_s2, NUM_Q_HEADS, NUM_KV_HEADS,
     HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr, BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr, PREFETCH: tl.constexpr = 0,
+    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr,
 ):
     """The QKV projection of the RMS-normed residual stream X, then what `rope_kernel` does: the last
     strip of each head to be written (a ticket per head, after the split-K ones) rotates it, q/k-normed
     first under QK_NORM: a q head in place in Y, a k head into K_CACHE at [slot, head, position]; a v
     head is copied into V_CACHE. Y [M, (Hq + 2 Hkv) * HEAD_DIM]; BLOCK_N divides HEAD_DIM."""
     done = gemv_strip(X, X, W, B, NW, Y, Y, WS, TICKETS, M, N, K, eps, x_s0, 0, w_s0, 0, y_s0,
-                      True, False, BIAS, False, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK,
-                      PREFETCH)
+                      True, False, BIAS, False, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK)
     if done:
         head = tl.program_id(0) * BLOCK_N // HEAD_DIM
         ticket = TICKETS + tl.num_programs(0) + head
@@ -170,13 +157,12 @@ def fused_gemv_route_kernel(
     TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr, PREFETCH: tl.constexpr = 0,
+    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr,
 ):
     """The router's logits Y [M, E] of the RMS-normed residual stream X, then what `route_kernel` does: the
     last strip to be written (a ticket over all strips) picks each row's top-k into IDS and TOPW [M, TOP_K]."""
     done = gemv_strip(X, X, W, W, NW, Y, Y, WS, TICKETS, M, N, K, eps, x_s0, 0, w_s0, 0, y_s0,
-                      True, False, False, False, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK,
-                      PREFETCH)
+                      True, False, False, False, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK)
     if done:
         ticket = TICKETS + tl.num_programs(0)
         if last_of_group(ticket, tl.num_programs(0)):
@@ -193,7 +179,7 @@ def fused_gemv_router_kernel(
     M, N, K, E, scale, x_s0, w_s0, r_s0, y_s0,
     BLOCK_E: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr, PREFETCH: tl.constexpr = 0,
+    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr,
 ):
     """Y = R + X @ W.T (a projection with the residual add: the O projection before a MoE block), then each row's
     share of the MoE router's logits from this strip of Y: SUMS[m, e] += sum over the strip's columns n of
@@ -205,8 +191,7 @@ def fused_gemv_router_kernel(
     # The router's strip (weights: no earlier kernel writes them) is loaded before the projection's wait.
     rw = router_strip(RW, RNW, rn, n_mask, N, E, BLOCK_E)
     done = gemv_strip(X, X, W, W, W, R, Y, WS, TICKETS, M, N, K, 0.0, x_s0, 0, w_s0, r_s0, y_s0,
-                      False, False, False, True, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK,
-                      PREFETCH)
+                      False, False, False, True, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK)
     if done:
         add_router_share(rw, Y, SUMS, rn, n_mask, M, E, scale, y_s0, BLOCK_E, BLOCK_M)
 
