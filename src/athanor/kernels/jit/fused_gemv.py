@@ -484,9 +484,10 @@ def expert_gemv_kernel(
 @triton.jit
 def expert_rows(second, A, a_se, a_sn, B, b_se, b_sn, e, col):
     """Pointers [len(col), 1] to rows col of expert e's weight: A's (strides a_se, a_sn) where `second`, else B's.
-    The weight is picked once, as scalars: a select between two pointer tiles hides their contiguity from the
-    compiler, which then loads each tile 2 bytes at a time instead of 16 (sm_90 PTX: ld.global.b16, 116 registers
-    for the gate/up GEMV's 16 x 256 tile, against ld.global.v4.b32 and 64 registers this way)."""
+    The weight is picked once, as scalars: a select between two pointer tiles can hide their contiguity from the
+    compiler, which then loads each tile 2 bytes at a time instead of 16 (Triton 3.9 for sm_90: ld.global.b16 and
+    116 registers for the gate/up GEMV's 16 x 256 tile, against ld.global.v4.b32 and 64 this way; Triton 3.6
+    vectorised both; `bench/ptx_loads.py`)."""
     base = tl.where(second, A + e * a_se, B + e * b_se)
     return base + col[:, None].to(tl.int64) * tl.where(second, a_sn, b_sn)
 
