@@ -31,7 +31,10 @@ def compile_ptx(which: str, block_n: int, block_k: int, prefetch: int) -> str:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from athanor.kernels.jit.fused_gemv import expert_gemv_kernel as kernel
+    try:
+        from athanor.kernels.jit.expert_gemv import expert_gemv_kernel as kernel
+    except ImportError:  # a tree from before the kernel had its own module
+        from athanor.kernels.jit.fused_gemv import expert_gemv_kernel as kernel
 
     gate_up = which == "gate_up"
     flags = {"SHARED": gate_up, "NORM": gate_up, "SILU": not gate_up, "SUM": not gate_up, "RESIDUAL": not gate_up,

@@ -175,7 +175,7 @@ def router_topk(h: Tensor, w: Tensor, norm_weight: Tensor, eps: float, top_k: in
     if m > MAX_FUSED_ROWS or not use_triton(h, impl) or scoring not in ("softmax", "sigmoid"):
         logits = fused_linear(h, w, norm_weight=norm_weight, eps=eps, impl=impl)
         return route(logits, top_k, scoring, renormalize, selection_bias, impl=impl)
-    from athanor.kernels.jit.fused_gemv import fused_gemv_route_kernel, fused_gemv_route_tuned
+    from athanor.kernels.jit.router_gemv import fused_gemv_route_kernel, fused_gemv_route_tuned
 
     assert w.stride(1) == 1 and h.stride(1) == 1
     y = torch.empty((m, n), dtype=h.dtype, device=h.device)
@@ -230,7 +230,7 @@ def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_
         h = fused_linear(x, w, residual=residual, impl=impl)
         logits = fused_linear(h, router_w, norm_weight=norm_weight, eps=eps, impl=impl)
         return h, logits, *route(logits, top_k, scoring, renormalize, selection_bias, impl=impl)
-    from athanor.kernels.jit.fused_gemv import (
+    from athanor.kernels.jit.router_gemv import (
         fused_gemv_router_kernel,
         fused_gemv_router_tuned,
         route_sums_kernel,

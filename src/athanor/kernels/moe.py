@@ -276,7 +276,7 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits, *, w2: Te
             return y
         out = (y.float() * topk_weights.reshape(-1, 1)).view(t, k, -1).sum(1).to(x.dtype)
         return out if residual is None else out + residual
-    from athanor.kernels.jit.fused_gemv import expert_gemv_kernel, expert_gemv_tuned
+    from athanor.kernels.jit.expert_gemv import expert_gemv_kernel, expert_gemv_tuned
 
     n, kk = w.shape[1], w.shape[2]
     n2 = w2.shape[1] if w2 is not None else 0

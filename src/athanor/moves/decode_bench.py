@@ -308,10 +308,9 @@ def autotuned_configs() -> dict[str, dict[str, str]]:
     calls, its QKV kernel's share of the step 2.3 us a layer apart on the 1B and the 8B alike, and each call tunes
     afresh unless the autotuning cache is carried."""
     try:
-        from athanor.kernels.jit import fused_gemv
+        from athanor.kernels.jit.pinned import autotuners
+        kernels = autotuners()
     except ImportError:  # no Triton
         return {}
-    kernels = {name: getattr(fused_gemv, name, None) for name in
-               ("fused_gemv_tuned", "fused_gemv_rope_tuned", "fused_gemv_route_tuned", "expert_gemv_tuned")}
-    return {name: {str(key): str(config) for key, config in getattr(kernel, "cache", {}).items()}
+    return {name.replace("_kernel", "_tuned"): {str(key): str(config) for key, config in kernel.cache.items()}
             for name, kernel in kernels.items() if getattr(kernel, "cache", None)}

@@ -33,16 +33,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from athanor.kernels.jit.fused_gemv import (
-    _tile,
-    add_router_share,
-    expert_rows,
-    k_range,
-    route_sums_row,
-    router_strip,
-    row_input,
-    strip_end,
-)
+from athanor.kernels.jit.expert_gemv import expert_rows
+from athanor.kernels.jit.fused_gemv import k_range, row_input, strip_end, tile_sums
+from athanor.kernels.jit.router_gemv import add_router_share, route_sums_row, router_strip
 from athanor.kernels.jit.tickets import last_of_group
 
 
@@ -153,7 +146,7 @@ def _o_phase(pid, programs, X, WO, R, H, WS, TICKETS, RW, NW, SUMS, M, N, K, E, 
         pid_n, pid_k, kt, ks, k_hi = _o_at(it, pid, programs, tiles, K, BLOCK_K, SPLIT_K)
         w = w_next
         w_next = _o_load(it + 1, total, pid, programs, tiles, WO, N, K, wo_s0, BLOCK_N, BLOCK_K, SPLIT_K)
-        acc = _tile(tl.where(kt == 0, 0.0, acc), w, ks, k_hi, X, X, WO, M, x_s0, 0, rstd, rm, False, False, BLOCK_M)
+        acc = tile_sums(tl.where(kt == 0, 0.0, acc), w, ks, k_hi, X, X, WO, M, x_s0, 0, rstd, rm, False, False, BLOCK_M)
         if kt == tiles - 1:  # noqa: SIM102 (Triton evaluates both sides of an `and`: strip_end only at a unit's end)
             if strip_end(acc, pid_n, pid_k, strips, WO, R, H, WS, TICKETS, M, N, r_s0, h_s0, False, True, BLOCK_M,
                          BLOCK_N, SPLIT_K):

@@ -56,6 +56,15 @@ PINNED: dict[str, dict[str, dict[tuple[Any, ...], Pin]]] = {
 }
 
 
+def autotuners() -> dict[str, Any]:
+    """Kernel name -> its autotuner, for every kernel the table may pin (the fused, router and expert GEMVs)."""
+    from athanor.kernels.jit import expert_gemv, fused_gemv, router_gemv
+
+    tuned = (fused_gemv.fused_gemv_tuned, fused_gemv.fused_gemv_rope_tuned, router_gemv.fused_gemv_route_tuned,
+             router_gemv.fused_gemv_router_tuned, expert_gemv.expert_gemv_tuned)
+    return {t.fn.__name__: t for t in tuned}
+
+
 LAUNCHED: dict[tuple[str, tuple[Any, ...]], Any] = {}
 """Every (kernel name, key) `launch_pinned` was asked for on the GPU in bf16, pinned or not, with the kernel's autotuner
 (whose `configs` are the choices): what `bench/step_tune.py` tunes in the whole step."""
