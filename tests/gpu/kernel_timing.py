@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from athanor.moves.decode_bench import time_steps
+
 BF16 = {"rtol": 2e-2, "atol": 2e-2}
 
 
@@ -13,16 +15,8 @@ def rel_err(x: torch.Tensor, truth: torch.Tensor) -> float:
 
 
 def time_ms(fn, iters: int = 20) -> float:
-    """ms per call of `fn`, from CUDA events around `iters` calls (after one untimed)."""
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
+    """ms per call of `fn`, from CUDA events around `iters` calls (after three untimed): the decode benchmark's timer."""
+    return 1e3 * time_steps(fn, torch.device("cuda", torch.cuda.current_device()), iters, 0.0)
 
 
 def graph_time_ms(fn, iters: int = 20) -> float:

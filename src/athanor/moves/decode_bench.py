@@ -194,7 +194,7 @@ def bench_decode(model_name: str, batch: int, context: int, candidate: str = "re
         pos = torch.full((batch,), context, dtype=torch.long, device=dev)
         x = StepInputs(tokens=rows % 100, positions=pos, slots=rows, seq_lens=pos,
                        temperature=torch.zeros(batch, device=dev), top_p=torch.ones(batch, device=dev), seeds=rows)
-        times = _time_steps(lambda: runner.step(x, greedy=True), dev, iters, min_time_s)  # temperature 0
+        times = time_steps(lambda: runner.step(x, greedy=True), dev, iters, min_time_s)  # temperature 0
         if kernels and dev.type == "cuda":
             record.update(kernel_profile(lambda: runner.step(x, greedy=True), dev, step_us=1e6 * times,
                                          layers=spec.num_layers))
@@ -211,7 +211,7 @@ def bench_decode(model_name: str, batch: int, context: int, candidate: str = "re
     return record
 
 
-def _time_steps(step: Any, dev: torch.device, iters: int, min_time_s: float) -> float:
+def time_steps(step: Any, dev: torch.device, iters: int, min_time_s: float) -> float:
     """Seconds per step over at least `iters` back-to-back steps (and at least `min_time_s`)."""
     for _ in range(3):
         step()
