@@ -21,6 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from athanor.kernels.jit.l2_prefetch import CHUNKS, prefetch_share
 from athanor.kernels.jit.tickets import last_of_group
 
 
@@ -57,7 +58,10 @@ def decode_attention_split_kernel(
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
     S_CHUNK: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr, MERGE: tl.constexpr, PDL: tl.constexpr,
     LENS_OFFSET: tl.constexpr = 0, EARLY_KEYS: tl.constexpr = False,
+    PF=None, pf_bytes=0, PREFETCH: tl.constexpr = 0,
 ):
+    if PREFETCH == 1:
+        _prefetch(PF, pf_bytes)
     if PDL and not EARLY_KEYS:  # programmatic dependent launch: wait for the kernel that wrote q and the cache
         tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)
@@ -102,6 +106,8 @@ def decode_attention_split_kernel(
         v_first = tl.where(newest, tl.load(V_CACHE + kv_offs, mask=newest, other=0.0), v_first)
     if not ROPE:
         q = tl.load(Q + b * q_s0 + heads[:, None] * q_s1 + d[None, :], mask=g_mask[:, None], other=0.0)  # [G, D]
+    if PREFETCH == 2:
+        _prefetch(PF, pf_bytes)
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
@@ -118,6 +124,8 @@ def decode_attention_split_kernel(
         k = tl.load(K_CACHE + kv_offs, mask=n_mask[:, None], other=0.0)  # [N, D]
         v = tl.load(V_CACHE + kv_offs, mask=n_mask[:, None], other=0.0)
         m_i, l_i, acc = _attend_tile(q, k, v, n_mask, m_i, l_i, acc, scale)
+    if PREFETCH == 3:
+        _prefetch(PF, pf_bytes)
 
     has_keys = l_i > 0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
@@ -136,6 +144,14 @@ def decode_attention_split_kernel(
                 merge_heads(O_PART + b * o_s0, LSE_PART + b * l_s0, OUT + b * out_s0, hk * GROUP + hh, hh < GROUP,
                             o_s1, o_s2, l_s1, out_s1, NUM_SPLITS, BLOCK_H, BLOCK_S, S_CHUNK, HEAD_DIM)
                 tl.atomic_xchg(ticket_ptr, 0)  # ready for the next launch (CUDA-graph replays included)
+
+
+@triton.jit
+def _prefetch(PF, pf_bytes):
+    """This program's share of the pf_bytes at PF asked of L2 (`l2_prefetch`): the grid's programs split them."""
+    program = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2) + tl.program_id(2)
+    programs = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
+    prefetch_share(PF, pf_bytes, program, programs, CHUNKS)
 
 
 @triton.jit
