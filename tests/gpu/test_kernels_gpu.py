@@ -322,7 +322,7 @@ def test_early_keys_attention_after_the_qkv_rope_epilogue_in_a_graph(dev):
         assert torch.equal(outs[True], expected), position
 
 
-@pytest.mark.parametrize("at", ["start", "wait", "keys"])
+@pytest.mark.parametrize("at", ["start", "wait", "keys", "merge", "keys:lines", "merge:lines"])
 def test_prefetch_o_attention_and_o_projection_bit_for_bit_in_a_graph(dev, at):
     """The split programs' bulk L2 prefetches (of the O weight, qwen3-30b-a3b's shape; of tensors too short to give
     every program a share, or even one chunk, where a prefetch past the end would fault) change no value: the

@@ -144,6 +144,9 @@ def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens:
     else:
         fused = (q, q, q, q, slots, q, q, 0.0)  # stand-ins: unread without ROPE
         new_strides = (0, 0, 0, 0)
+    prefetch_args = _prefetch_args(prefetch, prefetch_at)
+    in_merge = prefetch_args.get("PREFETCH") == PREFETCH_AT["merge"] and new is None
+    split_prefetch, merge_prefetch = ({}, prefetch_args) if in_merge else (prefetch_args, {})
     decode_attention_split_kernel[(b, hkv, splits)](
         q, k_cache, v_cache, slots, kv_lens, o_part, lse_part, out, tickets(q.device), *fused,
         q.stride(0), q.stride(1), *new_strides, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -152,7 +155,7 @@ def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens:
         GROUP=group, NUM_SPLITS=splits, HEAD_DIM=d, BLOCK_G=max(16, next_pow2(group)), BLOCK_N=BLOCK_N,
         BLOCK_H=next_pow2(group), BLOCK_S=next_pow2(splits), S_CHUNK=_merge_chunk(next_pow2(group), splits, d),
         ROPE=new is not None, QK_NORM=norms, MERGE=new is not None, LENS_OFFSET=lens_offset,
-        EARLY_KEYS=early_keys and new is None, **pdl(q), **_prefetch_args(prefetch, prefetch_at),
+        EARLY_KEYS=early_keys and new is None, **pdl(q), **split_prefetch,
     )
     if new is None:
         decode_attention_merge_kernel[(b, hq)](
@@ -160,14 +163,15 @@ def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens:
             o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
             out.stride(0), out.stride(1),
             NUM_SPLITS=splits, BLOCK_S=next_pow2(splits), S_CHUNK=_merge_chunk(1, splits, d), HEAD_DIM=d,
-            EARLY=merge_early, **pdl(q),
+            EARLY=merge_early, **pdl(q), **merge_prefetch,
         )
     return out
 
 
-PREFETCH_AT = {"start": 1, "wait": 2, "keys": 3}
-"""Where a split program asks L2 for `decode_attention`'s `prefetch`: as it starts (before its PDL wait), once it has
-waited and read q, or once it has read its keys."""
+PREFETCH_AT = {"start": 1, "wait": 2, "keys": 3, "merge": 4}
+"""Where the programs ask L2 for `decode_attention`'s `prefetch`: a split program as it starts (before its PDL wait),
+once it has waited and read q, or once it has read its keys; or a merge program once it has waited. With ":lines"
+after it, one prefetch per cache line (`prefetch.global.L2`) instead of bulk ones."""
 
 
 def _prefetch_args(prefetch: Tensor | None, at: str) -> dict[str, Any]:
@@ -176,8 +180,9 @@ def _prefetch_args(prefetch: Tensor | None, at: str) -> dict[str, Any]:
     if prefetch is None or not prefetch.is_cuda or interpreting():
         return {}
     assert prefetch.is_contiguous() and prefetch.data_ptr() % 16 == 0
+    where, _, how = at.partition(":")
     return {"PF": prefetch, "pf_bytes": prefetch.numel() * prefetch.element_size() // 16 * 16,
-            "PREFETCH": PREFETCH_AT[at]}
+            "PREFETCH": PREFETCH_AT[where], "BY_LINE": how == "lines"}
 
 
 def _merge_chunk(heads: int, splits: int, head_dim: int) -> int:
