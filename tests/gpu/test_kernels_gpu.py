@@ -322,43 +322,6 @@ def test_early_keys_attention_after_the_qkv_rope_epilogue_in_a_graph(dev):
         assert torch.equal(outs[True], expected), position
 
 
-@pytest.mark.parametrize("at", ["start", "wait", "keys", "merge", "keys:lines", "merge:lines"])
-def test_prefetch_o_attention_and_o_projection_bit_for_bit_in_a_graph(dev, at):
-    """The split programs' bulk L2 prefetches (of the O weight, qwen3-30b-a3b's shape; of tensors too short to give
-    every program a share, or even one chunk, where a prefetch past the end would fault) change no value: the
-    attention and the O projection after it, captured and replayed at several positions, bit for bit the same
-    without them."""
-    from athanor.kernels import decode_attention, fused_linear
-
-    bf = {"device": dev, "dtype": torch.bfloat16}
-    hq, hkv, d, hidden, max_len = 32, 4, 128, 2048, 1040
-    q, h = torch.randn(1, hq, d, **bf), torch.randn(1, hidden, **bf)
-    wo = torch.randn(hidden, hq * d, **bf) / (hq * d) ** 0.5
-    caches = [torch.randn(3, hkv, max_len, d, **bf) for _ in range(2)]
-    slots, positions = torch.tensor([2], device=dev), torch.tensor([7], device=dev)
-
-    def step(prefetch: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        attn = decode_attention(q, *caches, slots, positions, lens_offset=1, early_keys=True, prefetch=prefetch,
-                                prefetch_at=at)
-        return attn, fused_linear(attn.flatten(1), wo, residual=h)
-
-    for prefetched in (wo, torch.randn(3, 1000, **bf), torch.randn(8, **bf)):
-        outs, graphs = {}, {}
-        for key, prefetch in ((False, None), (True, prefetched)):
-            step(prefetch)  # autotune and compile outside the capture
-            graphs[key] = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graphs[key]):
-                outs[key] = step(prefetch)
-        for position in (1023, 64, 0, 700):
-            q.copy_(torch.randn_like(q))
-            positions.fill_(position)
-            graphs[False].replay()
-            expected = [t.clone() for t in outs[False]]
-            graphs[True].replay()
-            torch.cuda.synchronize()
-            assert all(map(torch.equal, outs[True], expected)), (tuple(prefetched.shape), position)
-
-
 def test_row_kernels_past_two_to_the_31_elements(dev):
     """A prefill of 76k tokens through an 8B's fused gate|up ([76k, 28672] bf16: 2.2e9 elements) and RMSNorm:
     row offsets past 2^31 once overflowed int32, an illegal memory access in the tier benchmark (24afa45, 524fe1e)."""

@@ -9,12 +9,11 @@ no host syncs, so it can be captured in a CUDA graph at any context length.
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from athanor.kernels.dispatch import Impl, cdiv, interpreting, next_pow2, pdl, tickets, use_triton
+from athanor.kernels.dispatch import Impl, cdiv, next_pow2, pdl, tickets, use_triton
 from athanor.kernels.rope import KVWrite, rope_into
 
 BLOCK_N = 64
@@ -63,8 +62,7 @@ def decode_attention_torch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: T
 
 def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor,
                      num_splits: int | None = None, static: bool = False, impl: Impl = None,
-                     merge_early: bool = False, lens_offset: int = 0, early_keys: bool = False,
-                     prefetch: Tensor | None = None, prefetch_at: str = "wait") -> Tensor:
+                     merge_early: bool = False, lens_offset: int = 0, early_keys: bool = False) -> Tensor:
     """Attention of one query per sequence over its cached keys. Returns [B, Hq, D] in q's dtype.
 
     q: [B, Hq, D]; k_cache, v_cache: [num_slots, Hkv, max_seq_len, D]; slots, kv_lens: [B] int64
@@ -86,15 +84,11 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
     decode step's layer holds to: of the keys attended, only each row's newest was written by that kernel, and it
     lets this one launch only after its own wait (so every earlier kernel, and the inputs slots and kv_lens, are
     done); the other keys were written by earlier steps.
-
-    `prefetch` (Triton on a GPU): a tensor the next kernels read, the O projection's weight say, that the split
-    programs ask L2 for as they run (`jit.l2_prefetch`; `prefetch_at`: where in the program, `PREFETCH_AT`).
     """
     if not use_triton(q, impl):
         return decode_attention_torch(q, k_cache, v_cache, slots, kv_lens + lens_offset if lens_offset else kv_lens,
                                       static)
-    return _launch(q, k_cache, v_cache, slots, kv_lens, num_splits, None, merge_early, lens_offset, early_keys,
-                   prefetch, prefetch_at)
+    return _launch(q, k_cache, v_cache, slots, kv_lens, num_splits, None, merge_early, lens_offset, early_keys)
 
 
 def rope_cache_attention(q: Tensor, k: Tensor, v: Tensor, kv: KVWrite, kv_lens: Tensor, eps: float = 0.0,
@@ -115,8 +109,7 @@ def rope_cache_attention(q: Tensor, k: Tensor, v: Tensor, kv: KVWrite, kv_lens: 
 
 def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor, num_splits: int | None,
             new: tuple[Tensor, Tensor, KVWrite, float] | None, merge_early: bool = False,
-            lens_offset: int = 0, early_keys: bool = False, prefetch: Tensor | None = None,
-            prefetch_at: str = "wait") -> Tensor:
+            lens_offset: int = 0, early_keys: bool = False) -> Tensor:
     """The Triton path: split kernel + merge kernel, or (`new`: the new token's k, v, where they go, the q/k norms'
     eps) the fused kernel with its ticket merge."""
     from athanor.kernels.jit.attention import decode_attention_merge_kernel, decode_attention_split_kernel
@@ -144,9 +137,6 @@ def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens:
     else:
         fused = (q, q, q, q, slots, q, q, 0.0)  # stand-ins: unread without ROPE
         new_strides = (0, 0, 0, 0)
-    prefetch_args = _prefetch_args(prefetch, prefetch_at)
-    in_merge = prefetch_args.get("PREFETCH") == PREFETCH_AT["merge"] and new is None
-    split_prefetch, merge_prefetch = ({}, prefetch_args) if in_merge else (prefetch_args, {})
     decode_attention_split_kernel[(b, hkv, splits)](
         q, k_cache, v_cache, slots, kv_lens, o_part, lse_part, out, tickets(q.device), *fused,
         q.stride(0), q.stride(1), *new_strides, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -155,7 +145,7 @@ def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens:
         GROUP=group, NUM_SPLITS=splits, HEAD_DIM=d, BLOCK_G=max(16, next_pow2(group)), BLOCK_N=BLOCK_N,
         BLOCK_H=next_pow2(group), BLOCK_S=next_pow2(splits), S_CHUNK=_merge_chunk(next_pow2(group), splits, d),
         ROPE=new is not None, QK_NORM=norms, MERGE=new is not None, LENS_OFFSET=lens_offset,
-        EARLY_KEYS=early_keys and new is None, **pdl(q), **split_prefetch,
+        EARLY_KEYS=early_keys and new is None, **pdl(q),
     )
     if new is None:
         decode_attention_merge_kernel[(b, hq)](
@@ -163,26 +153,9 @@ def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens:
             o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
             out.stride(0), out.stride(1),
             NUM_SPLITS=splits, BLOCK_S=next_pow2(splits), S_CHUNK=_merge_chunk(1, splits, d), HEAD_DIM=d,
-            EARLY=merge_early, **pdl(q), **merge_prefetch,
+            EARLY=merge_early, **pdl(q),
         )
     return out
-
-
-PREFETCH_AT = {"start": 1, "wait": 2, "keys": 3, "merge": 4}
-"""Where the programs ask L2 for `decode_attention`'s `prefetch`: a split program as it starts (before its PDL wait),
-once it has waited and read q, or once it has read its keys; or a merge program once it has waited. With ":lines"
-after it, one prefetch per cache line (`prefetch.global.L2`) instead of bulk ones."""
-
-
-def _prefetch_args(prefetch: Tensor | None, at: str) -> dict[str, Any]:
-    """The split kernel's prefetch arguments: the tensor's bytes (a multiple of 16 from a 16-byte-aligned start)
-    and where (`PREFETCH_AT`), or none on the CPU interpreter (no PTX) and without a tensor."""
-    if prefetch is None or not prefetch.is_cuda or interpreting():
-        return {}
-    assert prefetch.is_contiguous() and prefetch.data_ptr() % 16 == 0
-    where, _, how = at.partition(":")
-    return {"PF": prefetch, "pf_bytes": prefetch.numel() * prefetch.element_size() // 16 * 16,
-            "PREFETCH": PREFETCH_AT[where], "BY_LINE": how == "lines"}
 
 
 def _merge_chunk(heads: int, splits: int, head_dim: int) -> int:

@@ -137,12 +137,6 @@ MOVES: tuple[Move, ...] = (
              "wrote q and the new token's key, and reads that one key again after the wait, so the cache's bytes "
              "stream while the QKV projection finishes. H200, batch 1, context 1024: qwen3-30b-a3b 2.561 vs "
              "2.569 ms, llama-3.2-1b 0.875 vs 0.879, llama-3.1-8b 4.207 vs 4.190. Changes no value."),
-    Move("prefetch_o", (None, "start", "wait", "keys", "merge", "keys:lines", "merge:lines"), None,
-         cuda_only=("start", "wait", "keys", "merge", "keys:lines", "merge:lines"),
-         doc="With attention='triton_split_kv' on Hopper: the split programs ask L2 for the O projection's weight "
-             "(bulk prefetches, `kernels.jit.l2_prefetch`) while the attention and its merge leave the HBM idle, so "
-             "the projection reads it from L2; as each program starts (before its PDL wait), once it has waited, or "
-             "once it has read its keys. Changes no value."),
     Move("linear_dtype", (None, "bfloat16"), None, lossy=True,
          doc="Linear layers (every projection, the dense and shared-expert MLPs, the LM head) run on bf16 copies "
              "of their weights made in build(): activations are cast to bf16 and each result back to the model "

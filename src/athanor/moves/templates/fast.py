@@ -68,7 +68,6 @@ OPTIONS: dict[str, Any] = {
     "linear_dtype": None,
     "merge_early": False,
     "early_keys": False,
-    "prefetch_o": None,
 }
 # --- end OPTIONS ---
 
@@ -334,9 +333,7 @@ class FastForward:
             return decode_attention_flex(q, kc, vc, slots, kv_lens)
         return decode_attention(q, kc, vc, slots, kv_lens, static=self.static, impl=impl("attention"),
                                 merge_early=bool(OPTIONS["merge_early"]), lens_offset=self.lens_offset,
-                                early_keys=bool(OPTIONS["early_keys"]),
-                                prefetch=self.layers[i].wo if OPTIONS["prefetch_o"] else None,
-                                prefetch_at=OPTIONS["prefetch_o"] or "wait")
+                                early_keys=bool(OPTIONS["early_keys"]))
 
     def _attend_fused(self, i: int, layer: Layer, h: Tensor, positions: Tensor, slots: Tensor,
                       kv_lens: Tensor) -> Tensor:
