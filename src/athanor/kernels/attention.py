@@ -62,7 +62,8 @@ def decode_attention_torch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: T
 
 def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor,
                      num_splits: int | None = None, static: bool = False, impl: Impl = None,
-                     merge_early: bool = False, lens_offset: int = 0, early_keys: bool = False) -> Tensor:
+                     merge_early: bool = False, lens_offset: int = 0, early_keys: bool = False,
+                     split_early: bool = False) -> Tensor:
     """Attention of one query per sequence over its cached keys. Returns [B, Hq, D] in q's dtype.
 
     q: [B, Hq, D]; k_cache, v_cache: [num_slots, Hkv, max_seq_len, D]; slots, kv_lens: [B] int64
@@ -84,11 +85,15 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
     decode step's layer holds to: of the keys attended, only each row's newest was written by that kernel, and it
     lets this one launch only after its own wait (so every earlier kernel, and the inputs slots and kv_lens, are
     done); the other keys were written by earlier steps.
+
+    `split_early` (Triton, under PDL): the split kernel lets the merge kernel launch as it starts, so the merge's
+    programs wait resident instead of launching once the last split program exits.
     """
     if not use_triton(q, impl):
         return decode_attention_torch(q, k_cache, v_cache, slots, kv_lens + lens_offset if lens_offset else kv_lens,
                                       static)
-    return _launch(q, k_cache, v_cache, slots, kv_lens, num_splits, None, merge_early, lens_offset, early_keys)
+    return _launch(q, k_cache, v_cache, slots, kv_lens, num_splits, None, merge_early, lens_offset, early_keys,
+                   split_early)
 
 
 def rope_cache_attention(q: Tensor, k: Tensor, v: Tensor, kv: KVWrite, kv_lens: Tensor, eps: float = 0.0,
@@ -109,7 +114,7 @@ def rope_cache_attention(q: Tensor, k: Tensor, v: Tensor, kv: KVWrite, kv_lens: 
 
 def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor, num_splits: int | None,
             new: tuple[Tensor, Tensor, KVWrite, float] | None, merge_early: bool = False,
-            lens_offset: int = 0, early_keys: bool = False) -> Tensor:
+            lens_offset: int = 0, early_keys: bool = False, split_early: bool = False) -> Tensor:
     """The Triton path: split kernel + merge kernel, or (`new`: the new token's k, v, where they go, the q/k norms'
     eps) the fused kernel with its ticket merge."""
     from athanor.kernels.jit.attention import decode_attention_merge_kernel, decode_attention_split_kernel
@@ -145,7 +150,7 @@ def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens:
         GROUP=group, NUM_SPLITS=splits, HEAD_DIM=d, BLOCK_G=max(16, next_pow2(group)), BLOCK_N=BLOCK_N,
         BLOCK_H=next_pow2(group), BLOCK_S=next_pow2(splits), S_CHUNK=_merge_chunk(next_pow2(group), splits, d),
         ROPE=new is not None, QK_NORM=norms, MERGE=new is not None, LENS_OFFSET=lens_offset,
-        EARLY_KEYS=early_keys and new is None, **pdl(q),
+        EARLY_KEYS=early_keys and new is None, TRIGGER=split_early and new is None, **pdl(q),
     )
     if new is None:
         decode_attention_merge_kernel[(b, hq)](

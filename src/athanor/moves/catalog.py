@@ -137,6 +137,10 @@ MOVES: tuple[Move, ...] = (
              "wrote q and the new token's key, and reads that one key again after the wait, so the cache's bytes "
              "stream while the QKV projection finishes. H200, batch 1, context 1024: qwen3-30b-a3b 2.561 vs "
              "2.569 ms, llama-3.2-1b 0.875 vs 0.879, llama-3.1-8b 4.207 vs 4.190. Changes no value."),
+    Move("split_early", (False, True), False, cuda_only=(True,),
+         doc="With attention='triton_split_kv' under programmatic dependent launch: the split kernel lets the merge "
+             "kernel launch as it starts, so the merge's programs wait resident for it instead of launching once "
+             "its last program exits. Changes no value."),
     Move("linear_dtype", (None, "bfloat16"), None, lossy=True,
          doc="Linear layers (every projection, the dense and shared-expert MLPs, the LM head) run on bf16 copies "
              "of their weights made in build(): activations are cast to bf16 and each result back to the model "

@@ -56,8 +56,10 @@ def decode_attention_split_kernel(
     GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
     S_CHUNK: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr, MERGE: tl.constexpr, PDL: tl.constexpr,
-    LENS_OFFSET: tl.constexpr = 0, EARLY_KEYS: tl.constexpr = False,
+    LENS_OFFSET: tl.constexpr = 0, EARLY_KEYS: tl.constexpr = False, TRIGGER: tl.constexpr = False,
 ):
+    if PDL and TRIGGER:  # the merge kernel's programs may become resident now and wait (`split_early`)
+        tl.extra.cuda.gdc_launch_dependents()
     if PDL and not EARLY_KEYS:  # programmatic dependent launch: wait for the kernel that wrote q and the cache
         tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)
