@@ -87,7 +87,8 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
     done); the other keys were written by earlier steps.
 
     `split_early` (Triton, under PDL): the split kernel lets the merge kernel launch as it starts, so the merge's
-    programs wait resident instead of launching once the last split program exits.
+    programs wait resident instead of launching once the last split program exits. H200, batch 1: qwen3-30b-a3b
+    2.530 vs 2.554 ms, llama-3.2-1b 0.872 vs 0.876, llama-3.1-8b 4.214 vs 4.149 (`bench/results/split-early-6ac56a9/`).
     """
     if not use_triton(q, impl):
         return decode_attention_torch(q, k_cache, v_cache, slots, kv_lens + lens_offset if lens_offset else kv_lens,

@@ -69,11 +69,12 @@ def pdl(t: Tensor) -> dict[str, Any]:
     of a microsecond or two; at batch 1 they are 150 kernels of a 1 ms step. Off on the CPU
     interpreter (no inline PTX there), before Hopper, and with ATHANOR_PDL=0 (to measure it).
 
-    Only the GEMVs trigger the next launch explicitly (`PDL_EARLY`; `expert_gemv` right after its wait,
-    which `expert_gemv(settled=True)` relies on) and the routing kernel at its start; the RoPE,
-    attention and merge kernels let the next one launch as they exit. Triggering right after their
-    wait was measured worse on an H200 (llama-3.1-8b 4.284 -> 4.618 ms, qwen3-30b-a3b 2.753 -> 2.949 ms):
-    the O projection's programs, resident while attention runs, slow it down."""
+    The GEMVs trigger the next launch explicitly (`PDL_EARLY`; `expert_gemv` right after its wait,
+    which `expert_gemv(settled=True)` relies on), and the routing kernel at its start; the attention's split
+    and merge kernels where asked (`decode_attention(split_early=..., merge_early=...)`); the RoPE kernel lets
+    the next one launch as it exits. Triggering right after the wait in all three was measured worse on an H200
+    (llama-3.1-8b 4.284 -> 4.618 ms, qwen3-30b-a3b 2.753 -> 2.949 ms): the O projection's programs, resident
+    while attention runs, slow it down."""
     on = t.is_cuda and not interpreting() and _pdl_capable(t.device.index)
     return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
 

@@ -21,12 +21,16 @@ it writes each strip of the residual stream (`triton_o_epilogue`: no router GEMV
 sums) took qwen3-30b-a3b to 2.610-2.631 ms against 2.713-2.747 (alternating, two calls; `bench/results/qwen3-router-sums/`,
 `bench/results/qwen3-o-sums/`); ranking those sums in the expert programs instead (no routing launch at all) measured
 3.543 ms, 2.919 with its expert configs tuned in the step, and was not kept.
-`merge_early` (the attention merge lets the O projection launch after its wait) for dense models only: llama-3.2-1b
-0.900 vs 0.912 ms, llama-3.1-8b 4.229 vs 4.260 ms (`bench/results/merge-early/`), qwen3-30b-a3b 2.991 vs 2.903 ms
-(`bench/results/attention-merge/`).
+`merge_early` (the attention merge lets the O projection launch after its wait): llama-3.2-1b 0.900 vs 0.912 ms,
+llama-3.1-8b 4.229 vs 4.260 ms (`bench/results/merge-early/`); qwen3-30b-a3b 2.991 vs 2.903 ms once
+(`bench/results/attention-merge/`), neutral since (below), and a gain with `split_early`.
 `early_keys` (each attention split program loads its first tile of cached keys before its PDL wait) for MoE only:
 qwen3-30b-a3b 2.560, 2.562 vs 2.568, 2.570 ms; llama-3.2-1b 0.875, 0.875 vs 0.879, 0.879 but llama-3.1-8b 4.207 vs
 4.190 (alternating, one call; `bench/results/early-keys-16c892d/`), so dense models keep it off.
+`split_early` (the split kernel lets the merge kernel launch as it starts) for MoE only, where `merge_early` then
+pays too: qwen3-30b-a3b 2.522, 2.520 with both against 2.554, 2.555 (2.530 with `split_early` alone; `merge_early`
+alone 2.561, 2.560 against 2.558, 2.560); llama-3.2-1b 0.872, 0.873 against 0.876, 0.876 but llama-3.1-8b 4.214
+against 4.149 (alternating, one call each; `bench/results/split-early-6ac56a9/`).
 """
 
 from __future__ import annotations
@@ -75,9 +79,9 @@ def best_options(spec: ModelSpec, device: str = "cuda", lossy: bool = False) -> 
     options = dict(BEST_CUDA if device.startswith("cuda") else BEST_CPU)
     if spec.moe is not None:
         options["fused_gate_up"] = False
-        if device.startswith("cuda"):  # the router's sums in the O projection; the early merge measured slower
-            options["routing"], options["merge_early"] = "triton_o_epilogue", False
-            options["early_keys"] = True
+        if device.startswith("cuda"):  # the router's sums in the O projection; the merge launched as attention starts
+            options["routing"] = "triton_o_epilogue"
+            options["early_keys"] = options["split_early"] = True
     if lossy:
         options["linear_dtype"] = "bfloat16"
     return options
