@@ -92,14 +92,10 @@ def decode_attention_split_kernel(
     elif EARLY_KEYS:
         # The split's first tile of keys and values, but for the row's newest key, was written by earlier steps: in
         # flight before the wait (see `decode_attention(early_keys=True)`); the newest key's row read after it.
-        offs = start + tl.arange(0, BLOCK_N)
-        n_mask = offs < end
-        kv_offs = kv_base + offs[:, None].to(tl.int64) * c_s2 + d[None, :]
-        k_first = tl.load(K_CACHE + kv_offs, mask=n_mask[:, None], other=0.0)
-        v_first = tl.load(V_CACHE + kv_offs, mask=n_mask[:, None], other=0.0)
+        k_first, v_first, first_mask, kv_offs = _kv_tile(K_CACHE, V_CACHE, kv_base, start, end, c_s2, d, BLOCK_N)
         if PDL:
             tl.extra.cuda.gdc_wait()
-        newest = (offs == kv_len - 1)[:, None]
+        newest = (start + tl.arange(0, BLOCK_N) == kv_len - 1)[:, None]
         k_first = tl.where(newest, tl.load(K_CACHE + kv_offs, mask=newest, other=0.0), k_first)
         v_first = tl.where(newest, tl.load(V_CACHE + kv_offs, mask=newest, other=0.0), v_first)
     if not ROPE:
@@ -111,14 +107,10 @@ def decode_attention_split_kernel(
     loop_start = start
     if EARLY_KEYS:
         if start < end:  # a split past the row's keys has none, and keeps m_i at -inf
-            m_i, l_i, acc = _attend_tile(q, k_first, v_first, start + tl.arange(0, BLOCK_N) < end, m_i, l_i, acc, scale)
+            m_i, l_i, acc = _attend_tile(q, k_first, v_first, first_mask, m_i, l_i, acc, scale)
         loop_start = start + BLOCK_N
     for n0 in range(loop_start, end, BLOCK_N):
-        offs = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs < end
-        kv_offs = kv_base + offs[:, None].to(tl.int64) * c_s2 + d[None, :]
-        k = tl.load(K_CACHE + kv_offs, mask=n_mask[:, None], other=0.0)  # [N, D]
-        v = tl.load(V_CACHE + kv_offs, mask=n_mask[:, None], other=0.0)
+        k, v, n_mask, _ = _kv_tile(K_CACHE, V_CACHE, kv_base, n0, end, c_s2, d, BLOCK_N)
         m_i, l_i, acc = _attend_tile(q, k, v, n_mask, m_i, l_i, acc, scale)
 
     has_keys = l_i > 0
@@ -138,6 +130,18 @@ def decode_attention_split_kernel(
                 merge_heads(O_PART + b * o_s0, LSE_PART + b * l_s0, OUT + b * out_s0, hk * GROUP + hh, hh < GROUP,
                             o_s1, o_s2, l_s1, out_s1, NUM_SPLITS, BLOCK_H, BLOCK_S, S_CHUNK, HEAD_DIM)
                 tl.atomic_xchg(ticket_ptr, 0)  # ready for the next launch (CUDA-graph replays included)
+
+
+@triton.jit
+def _kv_tile(K_CACHE, V_CACHE, kv_base, n0, end, c_s2, d, BLOCK_N: tl.constexpr):
+    """Keys n0 .. n0 + BLOCK_N of the head at kv_base: k, v [N, D] (zeros from `end` on), the live-key mask [N] and
+    the tile's offsets into the caches (for a row read again)."""
+    offs = n0 + tl.arange(0, BLOCK_N)
+    n_mask = offs < end
+    kv_offs = kv_base + offs[:, None].to(tl.int64) * c_s2 + d[None, :]
+    k = tl.load(K_CACHE + kv_offs, mask=n_mask[:, None], other=0.0)
+    v = tl.load(V_CACHE + kv_offs, mask=n_mask[:, None], other=0.0)
+    return k, v, n_mask, kv_offs
 
 
 @triton.jit
