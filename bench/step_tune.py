@@ -8,7 +8,7 @@ left at its fastest config before the next (coordinate descent, one pass). Then 
 ones are timed alternately, twice each, since the fastest of a dozen timings is flattered by its noise.
 
     python bench/step_tune.py --model qwen3-30b-a3b [--set routing=triton_o_epilogue ...] [--routing FILE]
-                              [--kernels expert_gemv_kernel,...] [--budget 400]
+                              [--kernels expert_gemv_kernel,...] [--where BLOCK_K=1024 ...] [--budget 400]
 
 Writes $OUT/step_tune_<model>.json (every timing, the pins before and after) and prints the tuned pins as
 `jit/pinned.py` table lines.
@@ -37,6 +37,8 @@ def main() -> int:
                         help="a best-known option changed (repeatable)")
     parser.add_argument("--routing", default=None, help="a recorded routing profile to replay (MoE)")
     parser.add_argument("--kernels", default=",".join(ORDER), help="the kernels whose shapes are tuned")
+    parser.add_argument("--where", action="append", default=[], metavar="META=VALUE",
+                        help="time only the configs with this meta-parameter (BLOCK_K=1024, say; repeatable)")
     parser.add_argument("--budget", type=float, default=400.0, help="seconds of config timings before the check")
     args = parser.parse_args()
 
@@ -77,6 +79,7 @@ def main() -> int:
         started = {name: dict(pins) for name, pins in table.items()}
         wanted = args.kernels.split(",")
         shapes = sorted((k for k in pinned.LAUNCHED if k[0] in wanted), key=lambda k: (wanted.index(k[0]), k[1]))
+        where = [item.split("=", 1) for item in args.where]
         t0 = time.perf_counter()
         for name, key in shapes:
             tuned = pinned.LAUNCHED[name, key]
@@ -84,6 +87,8 @@ def main() -> int:
             for config in tuned.configs:
                 if time.perf_counter() - t0 > args.budget:
                     break
+                if any(str(config.kwargs.get(meta)) != value for meta, value in where):
+                    continue
                 pin = (dict(config.kwargs), config.num_warps, config.num_stages)
                 if pin == best:
                     continue

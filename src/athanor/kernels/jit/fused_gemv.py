@@ -261,10 +261,12 @@ def gemv_epilogue(acc, B, R, Y, rm, rn, n_mask, mask, r_s0, y_s0, BIAS: tl.const
 
 
 def gemv_configs() -> list[triton.Config]:
-    """A small sweep (every config is compiled and timed once per shape, before graph capture)."""
+    """A small sweep (every config is compiled and timed once per shape, before graph capture). The last two give a
+    split of K 4096 (an O projection) in one tile: all of a program's weight loaded before its PDL wait."""
     shapes = [(4, 1024, 4, 3, 1), (8, 512, 4, 3, 1), (8, 1024, 4, 2, 1), (16, 256, 4, 4, 1), (16, 512, 4, 3, 1),
               (16, 512, 8, 3, 1), (32, 256, 4, 3, 1), (32, 512, 8, 2, 1),
-              (16, 512, 4, 3, 2), (16, 512, 4, 3, 4), (32, 256, 4, 3, 4), (8, 512, 4, 3, 4), (16, 256, 4, 4, 8)]
+              (16, 512, 4, 3, 2), (16, 512, 4, 3, 4), (32, 256, 4, 3, 4), (8, 512, 4, 3, 4), (16, 256, 4, 4, 8),
+              (8, 1024, 4, 2, 4), (16, 1024, 4, 2, 4)]
     return [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": split}, num_warps=warps, num_stages=stages)
             for n, k, warps, stages, split in shapes]
 
