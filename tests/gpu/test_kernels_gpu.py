@@ -293,8 +293,7 @@ def test_early_keys_attention_after_the_qkv_rope_epilogue_in_a_graph(dev):
     """early_keys loads each split's first tile before its PDL wait: after the QKV GEMV whose RoPE epilogue writes
     each row's newest key (qwen3-30b-a3b's shape), captured once and replayed at new positions, the newest key read
     again after the wait is the one written this step: bit for bit the attention that waits first (and whose merge
-    kernel launches as the split kernel exits: the early graph's launches as it starts, `split_early`, and lets the
-    kernel after it launch before its own wait, `merge_start`)."""
+    kernel launches as the split kernel exits: the early graph's launches as it starts, `split_early`)."""
     from athanor.kernels import KVWrite, decode_attention, qkv_rope_cache
 
     bf = {"device": dev, "dtype": torch.bfloat16}
@@ -309,13 +308,12 @@ def test_early_keys_attention_after_the_qkv_rope_epilogue_in_a_graph(dev):
     graphs = {}
     for early in (False, True):
         q = qkv_rope_cache(h, w, None, nw, 1e-6, hq, kv)  # autotune and compile outside the capture
-        decode_attention(q, *caches, slots, positions, lens_offset=1, early_keys=early, split_early=early,
-                         merge_start=early)
+        decode_attention(q, *caches, slots, positions, lens_offset=1, early_keys=early, split_early=early)
         graphs[early] = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graphs[early]):
             q = qkv_rope_cache(h, w, None, nw, 1e-6, hq, kv)
             outs[early] = decode_attention(q, *caches, slots, positions, lens_offset=1, early_keys=early,
-                                           split_early=early, merge_start=early)
+                                           split_early=early)
     for position in (1023, 64, 0, 700):
         h.copy_(torch.randn_like(h))
         positions.fill_(position)

@@ -63,7 +63,7 @@ def decode_attention_torch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: T
 def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor,
                      num_splits: int | None = None, static: bool = False, impl: Impl = None,
                      merge_early: bool = False, lens_offset: int = 0, early_keys: bool = False,
-                     split_early: bool = False, merge_start: bool = False) -> Tensor:
+                     split_early: bool = False) -> Tensor:
     """Attention of one query per sequence over its cached keys. Returns [B, Hq, D] in q's dtype.
 
     q: [B, Hq, D]; k_cache, v_cache: [num_slots, Hkv, max_seq_len, D]; slots, kv_lens: [B] int64
@@ -89,16 +89,12 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
     `split_early` (Triton, under PDL): the split kernel lets the merge kernel launch as it starts, so the merge's
     programs wait resident instead of launching once the last split program exits. H200, batch 1: qwen3-30b-a3b
     2.530 vs 2.554 ms, llama-3.2-1b 0.872 vs 0.876, llama-3.1-8b 4.214 vs 4.149 (`bench/results/split-early-6ac56a9/`).
-
-    `merge_start` (Triton, under PDL): the merge kernel lets the next kernel launch as it starts, before its wait
-    (`merge_early` then changes nothing): with `split_early`, the O projection's programs become resident while the
-    split kernel runs and can load their weight before their own wait.
     """
     if not use_triton(q, impl):
         return decode_attention_torch(q, k_cache, v_cache, slots, kv_lens + lens_offset if lens_offset else kv_lens,
                                       static)
     return _launch(q, k_cache, v_cache, slots, kv_lens, num_splits, None, merge_early, lens_offset, early_keys,
-                   split_early, merge_start)
+                   split_early)
 
 
 def rope_cache_attention(q: Tensor, k: Tensor, v: Tensor, kv: KVWrite, kv_lens: Tensor, eps: float = 0.0,
@@ -119,8 +115,7 @@ def rope_cache_attention(q: Tensor, k: Tensor, v: Tensor, kv: KVWrite, kv_lens: 
 
 def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor, num_splits: int | None,
             new: tuple[Tensor, Tensor, KVWrite, float] | None, merge_early: bool = False,
-            lens_offset: int = 0, early_keys: bool = False, split_early: bool = False,
-            merge_start: bool = False) -> Tensor:
+            lens_offset: int = 0, early_keys: bool = False, split_early: bool = False) -> Tensor:
     """The Triton path: split kernel + merge kernel, or (`new`: the new token's k, v, where they go, the q/k norms'
     eps) the fused kernel with its ticket merge."""
     from athanor.kernels.jit.attention import decode_attention_merge_kernel, decode_attention_split_kernel
@@ -164,7 +159,7 @@ def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens:
             o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
             out.stride(0), out.stride(1),
             NUM_SPLITS=splits, BLOCK_S=next_pow2(splits), S_CHUNK=_merge_chunk(1, splits, d), HEAD_DIM=d,
-            EARLY=merge_early, START=merge_start, **pdl(q),
+            EARLY=merge_early, **pdl(q),
         )
     return out
 

@@ -142,10 +142,6 @@ MOVES: tuple[Move, ...] = (
              "kernel launch as it starts, so the merge's programs wait resident for it instead of launching once "
              "its last program exits. H200, batch 1, context 1024: qwen3-30b-a3b 2.530 vs 2.554 ms (2.521 with "
              "merge_early too), llama-3.2-1b 0.872 vs 0.876, llama-3.1-8b 4.214 vs 4.149. Changes no value."),
-    Move("merge_start", (False, True), False, cuda_only=(True,),
-         doc="With attention='triton_split_kv' under programmatic dependent launch: the merge kernel lets the O "
-             "projection launch as it starts, before its wait, so with split_early the O GEMV's programs become "
-             "resident while the split kernel runs and load their weight before their own wait. Changes no value."),
     Move("linear_dtype", (None, "bfloat16"), None, lossy=True,
          doc="Linear layers (every projection, the dense and shared-expert MLPs, the LM head) run on bf16 copies "
              "of their weights made in build(): activations are cast to bf16 and each result back to the model "

@@ -187,14 +187,11 @@ def decode_attention_merge_kernel(
     O_PART, LSE_PART, OUT,
     o_s0, o_s1, o_s2, l_s0, l_s1, out_s0, out_s1,
     NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, S_CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr,
-    EARLY: tl.constexpr, PDL: tl.constexpr, START: tl.constexpr = False,
+    EARLY: tl.constexpr, PDL: tl.constexpr,
 ):
     if PDL:
-        if START:  # the O projection's programs may become resident now, while the split kernel runs, and load
-            # their weight before their wait (`decode_attention(merge_start=True)`)
-            tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-        if EARLY and not START:  # the O projection's programs may become resident now and load their first weight tiles
+        if EARLY:  # the O projection's programs may become resident now and load their first weight tiles
             # (`decode_attention(merge_early=True)`; measured per model, see there)
             tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)

@@ -69,7 +69,6 @@ OPTIONS: dict[str, Any] = {
     "merge_early": False,
     "early_keys": False,
     "split_early": False,
-    "merge_start": False,
 }
 # --- end OPTIONS ---
 
@@ -335,8 +334,7 @@ class FastForward:
             return decode_attention_flex(q, kc, vc, slots, kv_lens)
         return decode_attention(q, kc, vc, slots, kv_lens, static=self.static, impl=impl("attention"),
                                 merge_early=bool(OPTIONS["merge_early"]), lens_offset=self.lens_offset,
-                                early_keys=bool(OPTIONS["early_keys"]), split_early=bool(OPTIONS["split_early"]),
-                                merge_start=bool(OPTIONS["merge_start"]))
+                                early_keys=bool(OPTIONS["early_keys"]), split_early=bool(OPTIONS["split_early"]))
 
     def _attend_fused(self, i: int, layer: Layer, h: Tensor, positions: Tensor, slots: Tensor,
                       kv_lens: Tensor) -> Tensor:
