@@ -262,13 +262,15 @@ def gemv_epilogue(acc, B, R, Y, rm, rn, n_mask, mask, r_s0, y_s0, BIAS: tl.const
 
 def gemv_configs() -> list[triton.Config]:
     """A small sweep (every config is compiled and timed once per shape, before graph capture). The BLOCK_K 1024 and
-    2048 ones with a split give a split of K 4096 (an O projection) in one tile, and those without one a row of K 2048
-    (qwen3-30b-a3b's QKV): all of a program's weight loaded before its PDL wait."""
+    2048 ones with a split give a split of K 4096 (an O projection) in one tile, those without one a row of K 2048
+    (qwen3-30b-a3b's QKV) or half a row of 4096, the BLOCK_K 4096 ones a row of 4096: all or half of a program's weight
+    loaded before its PDL wait."""
     shapes = [(4, 1024, 4, 3, 1), (8, 512, 4, 3, 1), (8, 1024, 4, 2, 1), (16, 256, 4, 4, 1), (16, 512, 4, 3, 1),
               (16, 512, 8, 3, 1), (32, 256, 4, 3, 1), (32, 512, 8, 2, 1),
               (16, 512, 4, 3, 2), (16, 512, 4, 3, 4), (32, 256, 4, 3, 4), (8, 512, 4, 3, 4), (16, 256, 4, 4, 8),
               (8, 1024, 4, 2, 4), (16, 1024, 4, 2, 4), (16, 1024, 8, 2, 4), (32, 1024, 8, 2, 4), (8, 2048, 4, 1, 2),
-              (16, 2048, 8, 1, 2), (8, 2048, 4, 1, 1), (16, 2048, 8, 1, 1)]
+              (16, 2048, 8, 1, 2), (8, 2048, 4, 1, 1), (16, 2048, 8, 1, 1), (4, 2048, 4, 1, 1), (4, 4096, 4, 1, 1),
+              (8, 4096, 8, 1, 1)]
     return [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": split}, num_warps=warps, num_stages=stages)
             for n, k, warps, stages, split in shapes]
 
