@@ -98,6 +98,17 @@ multiplied. On an H200 at batch 1 (d0dd554, two alternating pairs in one call): 
 llama-3.2-1b 0.894 -> 0.882, llama-3.1-8b 4.215 -> 4.193. ATHANOR_WIDE_RSTD=0 reads it in BLOCK_K chunks (for A/B runs)."""
 
 
+def launch_warps(var: str, default: int = 4) -> int:
+    """The warps a small latency-bound kernel launches with (the routing kernel on the router sums, the attention
+    merge): environment variable `var`, 1, 2, 4 or 8, else `default`; read at each launch from Python, so A/B runs
+    can alternate in one process (`bench/env_sweep.py`). Fewer warps reduce through shuffles alone, without the
+    shared-memory round trips and barriers between warps."""
+    value = os.environ.get(var, str(default))
+    if value not in ("1", "2", "4", "8"):
+        raise ConfigError(f"{var} must be 1, 2, 4 or 8 (warps), not {value!r}")
+    return int(value)
+
+
 def rstd_block(k: int) -> int:
     """The RSTD_BLOCK of a fused GEMV whose normed rows are k long: 0 (the weight tile's BLOCK_K) without
     `WIDE_RSTD`; else the row in one load up to 4096 (128 on the CPU interpreter, so the tests take the loop too)."""

@@ -21,6 +21,7 @@ from athanor.kernels.dispatch import (
     Impl,
     cdiv,
     interpreting,
+    launch_warps,
     next_pow2,
     pdl,
     router_sums,
@@ -256,7 +257,8 @@ def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_
         torch.empty(m * block_e, dtype=torch.float32, device=x.device), e, n, eps,  # the ranks' scratch
         1.0 / ROUTER_SCALE, h.stride(0), TOP_K=top_k, SOFTMAX=scoring == "softmax", RENORM=renormalize,
         HAS_BIAS=selection_bias is not None, BLOCK_E=block_e,
-        BLOCK_K=rstd_block(n) or min(1024, next_pow2(n)), CHUNK=chunk, **pdl(x))
+        BLOCK_K=rstd_block(n) or min(1024, next_pow2(n)), CHUNK=chunk, num_warps=launch_warps("ATHANOR_ROUTE_WARPS"),
+        **pdl(x))
     return h, logits, ids, weights
 
 
