@@ -159,7 +159,7 @@ def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens:
             o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
             out.stride(0), out.stride(1),
             NUM_SPLITS=splits, BLOCK_S=next_pow2(splits), S_CHUNK=_merge_chunk(1, splits, d), HEAD_DIM=d,
-            EARLY=merge_early, num_warps=launch_warps("ATHANOR_MERGE_WARPS"), **pdl(q),
+            EARLY=merge_early, num_warps=launch_warps("ATHANOR_MERGE_WARPS", 1), **pdl(q),
         )
     return out
 

@@ -207,6 +207,11 @@ def test_linear_route_ranks_the_same_in_chunks(gen, monkeypatch):
         linear_route(*call, impl="triton")
     monkeypatch.setenv("ATHANOR_ROUTE_CHUNK", "8")  # the refused call launched nothing: the sums are still zero
     assert all(torch.equal(a, b) for a, b in zip(chunked, linear_route(*call, impl="triton"), strict=True))
+    monkeypatch.setenv("ATHANOR_ROUTE_WARPS", "8")  # broke the ranks on an H200: refused, as a bad chunk is
+    with pytest.raises(ConfigError, match="ATHANOR_ROUTE_WARPS"):
+        linear_route(*call, impl="triton")
+    monkeypatch.setenv("ATHANOR_ROUTE_WARPS", "1")
+    assert all(torch.equal(a, b) for a, b in zip(chunked, linear_route(*call, impl="triton"), strict=True))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
