@@ -143,6 +143,7 @@ def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens:
     else:
         fused = (q, q, q, q, slots, q, q, 0.0)  # stand-ins: unread without ROPE
         new_strides = (0, 0, 0, 0)
+    merge_warps = launch_warps("ATHANOR_MERGE_WARPS", 1)  # read before any launch: a bad value launches nothing
     decode_attention_split_kernel[(b, hkv, splits)](
         q, k_cache, v_cache, slots, kv_lens, o_part, lse_part, out, tickets(q.device), *fused,
         q.stride(0), q.stride(1), *new_strides, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -159,7 +160,7 @@ def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens:
             o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
             out.stride(0), out.stride(1),
             NUM_SPLITS=splits, BLOCK_S=next_pow2(splits), S_CHUNK=_merge_chunk(1, splits, d), HEAD_DIM=d,
-            EARLY=merge_early, num_warps=launch_warps("ATHANOR_MERGE_WARPS", 1), **pdl(q),
+            EARLY=merge_early, num_warps=merge_warps, **pdl(q),
         )
     return out
 
