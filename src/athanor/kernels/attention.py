@@ -143,7 +143,8 @@ def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens:
     else:
         fused = (q, q, q, q, slots, q, q, 0.0)  # stand-ins: unread without ROPE
         new_strides = (0, 0, 0, 0)
-    merge_warps = launch_warps("ATHANOR_MERGE_WARPS", 1)  # read before any launch: a bad value launches nothing
+    # Read before any launch: a bad value launches nothing.
+    split_warps, merge_warps = launch_warps("ATHANOR_SPLIT_WARPS"), launch_warps("ATHANOR_MERGE_WARPS", 1)
     decode_attention_split_kernel[(b, hkv, splits)](
         q, k_cache, v_cache, slots, kv_lens, o_part, lse_part, out, tickets(q.device), *fused,
         q.stride(0), q.stride(1), *new_strides, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -152,7 +153,7 @@ def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens:
         GROUP=group, NUM_SPLITS=splits, HEAD_DIM=d, BLOCK_G=max(16, next_pow2(group)), BLOCK_N=BLOCK_N,
         BLOCK_H=next_pow2(group), BLOCK_S=next_pow2(splits), S_CHUNK=_merge_chunk(next_pow2(group), splits, d),
         ROPE=new is not None, QK_NORM=norms, MERGE=new is not None, LENS_OFFSET=lens_offset,
-        EARLY_KEYS=early_keys and new is None, TRIGGER=split_early and new is None, **pdl(q),
+        EARLY_KEYS=early_keys and new is None, TRIGGER=split_early and new is None, num_warps=split_warps, **pdl(q),
     )
     if new is None:
         decode_attention_merge_kernel[(b, hq)](

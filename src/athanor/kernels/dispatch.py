@@ -100,7 +100,7 @@ llama-3.2-1b 0.894 -> 0.882, llama-3.1-8b 4.215 -> 4.193. ATHANOR_WIDE_RSTD=0 re
 
 def launch_warps(var: str, default: int = 4) -> int:
     """The warps a small latency-bound kernel launches with (the routing kernel on the router sums, the attention
-    merge): environment variable `var`, 1, 2 or 4, else `default`; read at each launch from Python, so A/B runs
+    split and merge kernels): environment variable `var`, 1, 2 or 4, else `default`; read at each launch from Python, so A/B runs
     can alternate in one process (`bench/env_sweep.py`). Fewer warps reduce through shuffles alone, without the
     shared-memory round trips and barriers between warps. On an H200, qwen3-30b-a3b at batch 1 (alternating, one
     process; `bench/results/small-warps-38fd522/`): the merge at 1 warp 2.430, 2.429 ms against 2.454, 2.454 at 4

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from athanor.errors import ConfigError
 from athanor.kernels import (
     HAS_TRITON,
     decode_attention,
@@ -152,3 +153,20 @@ def test_early_keys_attends_the_same_bits(gen, num_splits):
     assert torch.equal(out, decode_attention(q, k_cache, v_cache, slots, kv_lens, num_splits=num_splits,
                                              impl="triton"))
     torch.testing.assert_close(out, _expected(q, k_cache, v_cache, slots, kv_lens), rtol=1e-4, atol=1e-5)
+
+
+@triton_only
+@pytest.mark.parametrize("var", ["ATHANOR_SPLIT_WARPS", "ATHANOR_MERGE_WARPS"])
+def test_warps_are_checked_before_any_launch(gen, monkeypatch, var):
+    """The split and merge kernels' warps (A/B knobs) give the same bits at 1 and 4 (on the interpreter: the
+    plumbing), and a value not offered fails with an error naming the variable."""
+    q = torch.randn(2, 4, 16, generator=gen)
+    k_cache, v_cache = torch.randn(3, 2, 90, 16, generator=gen), torch.randn(3, 2, 90, 16, generator=gen)
+    slots, kv_lens = torch.tensor([2, 0]), torch.tensor([5, 90])
+    monkeypatch.setenv(var, "4")
+    four = decode_attention(q, k_cache, v_cache, slots, kv_lens, num_splits=3, impl="triton")
+    monkeypatch.setenv(var, "1")
+    assert torch.equal(four, decode_attention(q, k_cache, v_cache, slots, kv_lens, num_splits=3, impl="triton"))
+    monkeypatch.setenv(var, "8")
+    with pytest.raises(ConfigError, match=var):
+        decode_attention(q, k_cache, v_cache, slots, kv_lens, num_splits=3, impl="triton")
