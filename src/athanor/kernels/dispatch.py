@@ -100,9 +100,10 @@ llama-3.2-1b 0.894 -> 0.882, llama-3.1-8b 4.215 -> 4.193. ATHANOR_WIDE_RSTD=0 re
 
 def launch_warps(var: str, default: int = 4) -> int:
     """The warps a small latency-bound kernel launches with (the routing kernel on the router sums, the attention
-    split and merge kernels): environment variable `var`, 1, 2 or 4, else `default`; read at each launch from Python, so A/B runs
-    can alternate in one process (`bench/env_sweep.py`). Fewer warps reduce through shuffles alone, without the
-    shared-memory round trips and barriers between warps. On an H200, qwen3-30b-a3b at batch 1 (alternating, one
+    split and merge kernels): environment variable `var`, 1, 2 or 4, else `default`; read at each launch from
+    Python, so A/B runs can alternate in one process (`bench/env_sweep.py`; a captured graph keeps what it was
+    captured with). Fewer warps reduce through shuffles alone, without the shared-memory round trips and barriers
+    between warps. On an H200, qwen3-30b-a3b at batch 1 (alternating, one
     process; `bench/results/small-warps-38fd522/`): the merge at 1 warp 2.430, 2.429 ms against 2.454, 2.454 at 4
     (2.488 at 2, 2.466 at 8); the routing kernel 2.573 at 1, 2.503 at 2 against 2.449-2.457 at 4, and at 8 its
     step hit an illegal address (not looked into: 8 is not offered)."""

@@ -157,7 +157,7 @@ def test_early_keys_attends_the_same_bits(gen, num_splits):
 
 @triton_only
 @pytest.mark.parametrize("var", ["ATHANOR_SPLIT_WARPS", "ATHANOR_MERGE_WARPS"])
-def test_warps_are_checked_before_any_launch(gen, monkeypatch, var):
+def test_split_and_merge_warps_knobs(gen, monkeypatch, var):
     """The split and merge kernels' warps (A/B knobs) give the same bits at 1 and 4 (on the interpreter: the
     plumbing), and a value not offered fails with an error naming the variable."""
     q = torch.randn(2, 4, 16, generator=gen)
