@@ -5,7 +5,8 @@ persistent MoE block, `routing=triton_moe_block`, or the best-known itself) are 
 engine's captured path (`bench_decode`, batch 1), the candidate under each value of an environment variable in turn
 (`--var`: ATHANOR_MOE_BLOCK, the block's config, `athanor.kernels.moe_block.MoeBlockConfig`; or e.g.
 ATHANOR_ROUTE_CHUNK), and last the fastest value and the best-known alternately again, since the fastest of several
-timings is flattered by its noise. The empty value is the variable unset.
+timings is flattered by its noise. The empty value is the variable unset; a value may set more variables after
+a space ("max ATHANOR_ROUTE_WARPS=1").
 
     python bench/env_sweep.py --model qwen3-30b-a3b [--routing FILE] [--configs "per_sm=3;rank_chunk=0"]
                                     [--candidate block|best] [--var ATHANOR_MOE_BLOCK] [--budget 240]
@@ -27,6 +28,8 @@ from _record import result_path, write
 
 CONFIGS = ("", "per_sm=3", "rank_chunk=0", "block_n3=16", "block_k2=1024")
 """ATHANOR_MOE_BLOCK values tried after the default ("")."""
+ALSO: set[str] = set()
+"""The other variables a config has set ("max ATHANOR_ROUTE_WARPS=1"), unset before the next timing."""
 
 
 def main() -> int:
@@ -63,9 +66,14 @@ def main() -> int:
             files[name].write_text(render("fast", options))
 
         def step_ms(name: str, config: str = "") -> float:
-            os.environ.pop(args.var, None)
-            if config:
-                os.environ[args.var] = config
+            value, *others = config.split(" ")  # "VALUE OTHER=V ...": more variables set with this one
+            settings = dict(item.split("=", 1) for item in others)
+            for var in (args.var, *ALSO):
+                os.environ.pop(var, None)
+            ALSO.update(settings)
+            if value:
+                os.environ[args.var] = value
+            os.environ.update(settings)
             gc.collect()
             torch.cuda.empty_cache()
             record = bench_decode(args.model, 1, args.context, candidate=str(files[name]), routing=args.routing,

@@ -9,15 +9,17 @@ no host syncs, so it can be captured in a CUDA graph at any context length.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 from torch import Tensor
 
+from athanor.errors import ConfigError
 from athanor.kernels.dispatch import Impl, cdiv, launch_warps, next_pow2, pdl, tickets, use_triton
 from athanor.kernels.rope import KVWrite, rope_into
 
 BLOCK_N = 64
-"""Keys per tile of the Triton kernel."""
+"""Keys per tile of the Triton kernel (ATHANOR_KV_BLOCK changes it: `kv_block`)."""
 MAX_SPLITS = 64
 
 
@@ -28,6 +30,17 @@ def _num_sms(device: torch.device) -> int:
     return 8
 
 
+def kv_block() -> int:
+    """Keys per tile of the split kernel, and so the fewest keys a split holds: ATHANOR_KV_BLOCK (16, 32, 64 or 128;
+    `BLOCK_N` by default), read at each launch from Python for A/B runs in one process (`bench/env_sweep.py`); a
+    captured graph keeps its grid and tiles. Smaller tiles give a short context more splits, each with less to do
+    after its wait, and the merge more to combine."""
+    value = os.environ.get("ATHANOR_KV_BLOCK", str(BLOCK_N))
+    if value not in ("16", "32", "64", "128"):
+        raise ConfigError(f"ATHANOR_KV_BLOCK must be 16, 32, 64 or 128 (keys a tile), not {value!r}")
+    return int(value)
+
+
 def num_kv_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
     """Splits of each sequence's keys so that about four programs per SM have work.
 
@@ -36,7 +49,7 @@ def num_kv_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch
     """
     target = 4 * _num_sms(device)
     splits = cdiv(target, max(1, batch * num_kv_heads))
-    return max(1, min(splits, MAX_SPLITS, cdiv(max_seq_len, BLOCK_N)))
+    return max(1, min(splits, MAX_SPLITS, cdiv(max_seq_len, kv_block())))
 
 
 def decode_attention_torch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor,
@@ -125,6 +138,7 @@ def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens:
     assert d == next_pow2(d) and q.stride(2) == 1 and k_cache.stride(3) == 1
     assert k_cache.stride() == v_cache.stride()
     group = hq // hkv
+    block_n = kv_block()  # read before any launch, as the warps are
     splits = num_splits or num_kv_splits(b, hkv, max_len, q.device)
     o_part = torch.empty((b, hq, splits, d), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((b, hq, splits), dtype=torch.float32, device=q.device)
@@ -150,7 +164,7 @@ def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens:
         q.stride(0), q.stride(1), *new_strides, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
         out.stride(0), out.stride(1), d**-0.5,
-        GROUP=group, NUM_SPLITS=splits, HEAD_DIM=d, BLOCK_G=max(16, next_pow2(group)), BLOCK_N=BLOCK_N,
+        GROUP=group, NUM_SPLITS=splits, HEAD_DIM=d, BLOCK_G=max(16, next_pow2(group)), BLOCK_N=block_n,
         BLOCK_H=next_pow2(group), BLOCK_S=next_pow2(splits), S_CHUNK=_merge_chunk(next_pow2(group), splits, d),
         ROPE=new is not None, QK_NORM=norms, MERGE=new is not None, LENS_OFFSET=lens_offset,
         EARLY_KEYS=early_keys and new is None, TRIGGER=split_early and new is None, num_warps=split_warps, **pdl(q),

@@ -194,12 +194,15 @@ def router_topk(h: Tensor, w: Tensor, norm_weight: Tensor, eps: float, top_k: in
 
 def route_chunk() -> int:
     """`linear_route`'s routing kernel ranks its experts CHUNK rivals at a time, in a loop over choosers it stored
-    (`rank_logits`), or all at once in registers with 0: ATHANOR_ROUTE_CHUNK, 32 by default, read at each launch from
-    Python (A/B runs in one process: `bench/env_sweep.py`). qwen3-30b-a3b on an H200 (1e77ebd, alternating, three
-    pairs): 2.596, 2.596, 2.594 ms with 32 against 2.617, 2.617, 2.619 all at once; 2.666 with 16."""
+    (`rank_logits`), all at once in registers with 0, or in TOP_K rounds of one max with `max` (`_max_rounds`):
+    ATHANOR_ROUTE_CHUNK, 32 by default, read at each launch from Python (A/B runs in one process:
+    `bench/env_sweep.py`). qwen3-30b-a3b on an H200 (1e77ebd, alternating, three pairs): 2.596, 2.596, 2.594 ms with
+    32 against 2.617, 2.617, 2.619 all at once; 2.666 with 16."""
     value = os.environ.get("ATHANOR_ROUTE_CHUNK", "32")
+    if value == "max":
+        return -1
     if not value.isdigit() or (int(value) & (int(value) - 1)):
-        raise ConfigError(f"ATHANOR_ROUTE_CHUNK must be 0 or a power of two, not {value!r}")
+        raise ConfigError(f"ATHANOR_ROUTE_CHUNK must be 0, a power of two or 'max', not {value!r}")
     return int(value)
 
 

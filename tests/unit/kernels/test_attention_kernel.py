@@ -170,3 +170,22 @@ def test_split_and_merge_warps_knobs(gen, monkeypatch, var):
     monkeypatch.setenv(var, "8")
     with pytest.raises(ConfigError, match=var):
         decode_attention(q, k_cache, v_cache, slots, kv_lens, num_splits=3, impl="triton")
+
+
+@triton_only
+def test_kv_block_knob_sets_the_tiles_and_the_splits(gen, monkeypatch):
+    """ATHANOR_KV_BLOCK: 16-key tiles give a 90-key cache more splits (`num_kv_splits`) and the same attention up to
+    the merge's rounding, for rows of one tile and of several; a value not offered fails naming the variable."""
+    from athanor.kernels import num_kv_splits
+
+    q = torch.randn(2, 4, 16, generator=gen)
+    k_cache, v_cache = torch.randn(3, 2, 90, 16, generator=gen), torch.randn(3, 2, 90, 16, generator=gen)
+    slots, kv_lens = torch.tensor([2, 0]), torch.tensor([5, 90])
+    default_splits = num_kv_splits(2, 2, 90, q.device)
+    monkeypatch.setenv("ATHANOR_KV_BLOCK", "16")
+    assert num_kv_splits(2, 2, 90, q.device) > default_splits
+    out = decode_attention(q, k_cache, v_cache, slots, kv_lens, impl="triton")
+    torch.testing.assert_close(out, _expected(q, k_cache, v_cache, slots, kv_lens), rtol=1e-4, atol=1e-5)
+    monkeypatch.setenv("ATHANOR_KV_BLOCK", "24")
+    with pytest.raises(ConfigError, match="ATHANOR_KV_BLOCK"):
+        decode_attention(q, k_cache, v_cache, slots, kv_lens, impl="triton")

@@ -190,8 +190,9 @@ def test_linear_route_is_the_projection_then_the_router_gemv_then_route(gen, imp
 
 @triton_only
 def test_linear_route_ranks_the_same_in_chunks(gen, monkeypatch):
-    """ATHANOR_ROUTE_CHUNK: the routing kernel's ranks counted 8 rivals at a time from stored choosers give what all
-    at once in registers (0) gives, bit for bit (3 rows: each its own scratch row)."""
+    """ATHANOR_ROUTE_CHUNK: the routing kernel's ranks counted 8 rivals at a time from stored choosers, and its picks
+    in rounds of one max (`max`), give what all at once in registers (0) gives, bit for bit (3 rows: each its own
+    scratch row)."""
     experts, hidden, k = 60, 96, 200
     x, w = torch.randn(3, k, generator=gen), torch.randn(hidden, k, generator=gen) / k**0.5
     residual, nw = torch.randn(3, hidden, generator=gen), torch.randn(hidden, generator=gen)
@@ -202,6 +203,9 @@ def test_linear_route_ranks_the_same_in_chunks(gen, monkeypatch):
     monkeypatch.setenv("ATHANOR_ROUTE_CHUNK", "8")
     chunked = linear_route(*call, impl="triton")
     assert all(torch.equal(a, b) for a, b in zip(at_once, chunked, strict=True))
+    monkeypatch.setenv("ATHANOR_ROUTE_CHUNK", "max")
+    assert all(torch.equal(a, b) for a, b in zip(at_once, linear_route(*call, impl="triton"), strict=True))
+    monkeypatch.setenv("ATHANOR_ROUTE_CHUNK", "8")
     monkeypatch.setenv("ATHANOR_ROUTE_CHUNK", "6")
     with pytest.raises(ConfigError, match="ATHANOR_ROUTE_CHUNK"):
         linear_route(*call, impl="triton")

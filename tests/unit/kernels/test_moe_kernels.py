@@ -22,6 +22,24 @@ from athanor.model import reference
 triton_only = pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
 IMPLS = [pytest.param("triton", marks=triton_only), "torch"]
 
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    from athanor.kernels.jit.moe import rank_logits
+
+    @triton.jit
+    def _ranks_kernel(LOGITS, BIAS, RANKS, WEIGHTS, CHOOSERS, E, TOP_K: tl.constexpr, SOFTMAX: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr):
+        """`rank_logits` on each row of LOGITS [rows, E]: the picks' ranks (-1 for the rest) and weights."""
+        row = tl.program_id(0)
+        e = tl.arange(0, BLOCK_E)
+        logits = tl.load(LOGITS + row * E + e, mask=e < E, other=float("-inf"))
+        rank, chosen, weights = rank_logits(logits, BIAS, e, E, TOP_K, SOFTMAX, True, HAS_BIAS,
+                                            CHOOSERS + row * BLOCK_E, CHUNK)
+        tl.store(RANKS + row * E + e, tl.where(chosen, rank, -1), mask=e < E)
+        tl.store(WEIGHTS + row * E + e, tl.where(chosen, weights, 0.0), mask=e < E)
+
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize(("scoring", "renormalize", "with_bias"),
@@ -64,6 +82,29 @@ def test_route_kernel_breaks_ties_by_lower_index():
     logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, 1.0, 2.0]])  # three equal best, two equal next
     ids, _ = route(logits, 4, "softmax", True, impl="triton")
     assert ids.tolist() == [[1, 3, 5, 2]]
+
+
+@triton_only
+@pytest.mark.parametrize(("scoring", "with_bias"), [("softmax", False), ("sigmoid", True)])
+def test_rank_logits_by_rounds_of_max_ranks_as_the_rank_count(gen, scoring, with_bias):
+    """`rank_logits` with CHUNK < 0 (TOP_K rounds of one max over packed keys, ATHANOR_ROUTE_CHUNK=max) picks the
+    experts, ranks and weights the rank count (CHUNK 0) does, bit for bit: on ties (the lower index first), negative
+    choosers (a sigmoid's score plus a negative bias), and rows shorter than the block (-inf past E)."""
+    experts, top_k = 40, 6
+    logits = torch.randn(4, experts, generator=gen)
+    logits[1, 3::5] = logits[1, 0]  # ties with the row's first, some among the picks
+    logits[2] = logits[2].round()  # many ties
+    logits[3] = -10.0  # every score ~0: with the bias, negative choosers
+    logits[3, ::7] = 0.0
+    bias = torch.full((experts,), -0.5) if with_bias else torch.zeros(experts)
+    out = {}
+    for chunk in (0, -1):
+        ranks, weights = torch.empty(4, experts, dtype=torch.int32), torch.empty(4, experts)
+        _ranks_kernel[(4,)](logits, bias, ranks, weights, torch.empty(4 * 64), experts, TOP_K=top_k,
+                           SOFTMAX=scoring == "softmax", HAS_BIAS=with_bias, BLOCK_E=64, CHUNK=chunk)
+        out[chunk] = ranks, weights
+    assert torch.equal(out[0][0], out[-1][0]) and torch.equal(out[0][1], out[-1][1])
+    assert ((out[-1][0] >= 0).sum(dim=1) == top_k).all()
 
 
 def test_group_by_expert_blocks_hold_one_expert_each(gen):

@@ -64,6 +64,24 @@ def _beaten(chooser, e, rival, j):
 
 
 @triton.jit
+def _max_rounds(chooser, e, TOP_K: tl.constexpr):
+    """The ranks `_beaten` counts, for the TOP_K best (TOP_K for the rest), in TOP_K rounds of one max each: O(E k)
+    work, not O(E^2). Each expert's key packs its chooser's order as an int32 (a float's bits, the magnitude's bits
+    flipped where negative) above its index reversed (argmax's tie break: the lower index wins), so keys are distinct,
+    non-negative, and the max names the winner alone; it is then struck out (-1). -0.0 is made +0.0 first: they are
+    equal choosers, as `_beaten` compares them."""
+    bits = (chooser + 0.0).to(tl.int32, bitcast=True)
+    order = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # ordered as the floats are, -inf and negatives included
+    keys = ((order.to(tl.int64) + 2147483648) << 16) | (65535 - e).to(tl.int64)
+    rank = tl.zeros_like(e) + TOP_K
+    for r in tl.static_range(TOP_K):
+        hit = keys == tl.max(keys, axis=0)
+        rank = tl.where(hit, r, rank)
+        keys = tl.where(hit, -1, keys)
+    return rank
+
+
+@triton.jit
 def route_kernel(
     LOGITS, BIAS, IDS, WEIGHTS, l_s0, E,
     TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -124,7 +142,7 @@ def rank_logits(logits, BIAS, e, E, TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, 
                 HAS_BIAS: tl.constexpr, CHOOSERS, CHUNK: tl.constexpr):
     """What `_ranked` returns but the experts, for logits already in registers ([BLOCK_E] fp32, -inf past E, at
     experts e = arange(BLOCK_E)). CHUNK 0: the rank counted over the whole [BLOCK_E, BLOCK_E] comparison at once, with
-    no round trip through memory. Else the choosers are stored at CHOOSERS [BLOCK_E] fp32 (the program's own
+    no round trip through memory; CHUNK < 0, TOP_K rounds of one max (`_max_rounds`). Else the choosers are stored at CHOOSERS [BLOCK_E] fp32 (the program's own
     scratch) and the rivals read back CHUNK at a time in a loop that is not unrolled: a fraction of the registers and
     of the code. On an H200 (qwen3-30b-a3b, 128 experts), in the routing kernel on the router sums: chunks of 32
     0.45 us a layer faster than all at once (`gemv.route_chunk`), which had itself measured 0.45 us faster than
@@ -136,6 +154,8 @@ def rank_logits(logits, BIAS, e, E, TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, 
     scores, chooser = _scores(logits, BIAS, e, e_mask, m, denom, SOFTMAX, HAS_BIAS)
     if CHUNK == 0:
         rank = _beaten(chooser, e, chooser, e)
+    elif CHUNK < 0:
+        rank = _max_rounds(chooser, e, TOP_K)
     else:
         tl.store(CHOOSERS + e, chooser)
         tl.debug_barrier()  # every thread's choosers stored before any is read back
