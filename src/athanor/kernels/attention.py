@@ -19,7 +19,7 @@ from athanor.kernels.dispatch import Impl, cdiv, launch_warps, next_pow2, pdl, t
 from athanor.kernels.rope import KVWrite, rope_into
 
 BLOCK_N = 64
-"""Keys per tile of the Triton kernel (ATHANOR_KV_BLOCK changes it: `kv_block`)."""
+"""Keys per tile of the Triton kernel (see `kv_block`)."""
 MAX_SPLITS = 64
 
 
@@ -30,12 +30,17 @@ def _num_sms(device: torch.device) -> int:
     return 8
 
 
-def kv_block() -> int:
-    """Keys per tile of the split kernel, and so the fewest keys a split holds: ATHANOR_KV_BLOCK (16, 32, 64 or 128;
-    `BLOCK_N` by default), read at each launch from Python for A/B runs in one process (`bench/env_sweep.py`); a
-    captured graph keeps its grid and tiles. Smaller tiles give a short context more splits, each with less to do
-    after its wait, and the merge more to combine."""
-    value = os.environ.get("ATHANOR_KV_BLOCK", str(BLOCK_N))
+def kv_block(batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
+    """Keys per tile of the split kernel, and so the fewest keys a split holds: `BLOCK_N`, or half of it where
+    `BLOCK_N` keys a split would leave SMs without a split program (a short context over few KV heads: qwen3-30b-a3b's
+    4 at 1k keys, 68 programs on an H200's 132). Smaller tiles give such a context more splits, each with less to do
+    after its wait, and the merge more to combine: qwen3 2.424 against 2.430 ms a token, the 1B's 136 programs 0.885
+    against 0.881 (`bench/results/kv-block-2c201aa/`). ATHANOR_KV_BLOCK (16, 32, 64 or 128) overrides it, read at each
+    launch from Python for A/B runs in one process (`bench/env_sweep.py`); a captured graph keeps its grid and tiles."""
+    value = os.environ.get("ATHANOR_KV_BLOCK")
+    if value is None:
+        few = batch * num_kv_heads * cdiv(max_seq_len, BLOCK_N) < _num_sms(device)
+        return BLOCK_N // 2 if few else BLOCK_N
     if value not in ("16", "32", "64", "128"):
         raise ConfigError(f"ATHANOR_KV_BLOCK must be 16, 32, 64 or 128 (keys a tile), not {value!r}")
     return int(value)
@@ -49,7 +54,7 @@ def num_kv_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch
     """
     target = 4 * _num_sms(device)
     splits = cdiv(target, max(1, batch * num_kv_heads))
-    return max(1, min(splits, MAX_SPLITS, cdiv(max_seq_len, kv_block())))
+    return max(1, min(splits, MAX_SPLITS, cdiv(max_seq_len, kv_block(batch, num_kv_heads, max_seq_len, device))))
 
 
 def decode_attention_torch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor,
@@ -138,7 +143,7 @@ def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens:
     assert d == next_pow2(d) and q.stride(2) == 1 and k_cache.stride(3) == 1
     assert k_cache.stride() == v_cache.stride()
     group = hq // hkv
-    block_n = kv_block()  # read before any launch, as the warps are
+    block_n = kv_block(b, hkv, max_len, q.device)  # read before any launch, as the warps are
     splits = num_splits or num_kv_splits(b, hkv, max_len, q.device)
     o_part = torch.empty((b, hq, splits, d), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((b, hq, splits), dtype=torch.float32, device=q.device)

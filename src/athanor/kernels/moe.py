@@ -11,6 +11,7 @@ Three ways to run the routed experts (`moe_experts(..., backend=)`):
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -310,6 +311,10 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits, *, w2: Te
              "RENORM": router is not None and router.renormalize, "HAS_BIAS": bias is not None,
              "BLOCK_E": next_pow2(max(num_experts, 1)), "CHUNK": min(32, next_pow2(max(num_experts, 1))),
              "RSTD_BLOCK": rstd_block(kk), **pdl(x)}
+    # The strips asked of L2 as whole ranges: rows contiguous, every range 16-byte aligned and a multiple of 16.
+    aligned = all(m.stride(1) == kk and m.data_ptr() % 16 == 0 and m.stride(0) * m.element_size() % 16 == 0
+                  for m in (w, second)) and kk * w.element_size() % 16 == 0
+    flags["L2_STRIP"] = expert_l2(topk_weights is not None) and aligned
     if interpreting():
         block = INTERPRETED["BLOCK_N"]
         grid = (cdiv(n, block) + cdiv(n2, block), t * k)
@@ -323,6 +328,16 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits, *, w2: Te
         if not launch_pinned(expert_gemv_kernel, expert_gemv_tuned, programs, args, flags):
             expert_gemv_tuned[programs](*args, **flags)
     return y
+
+
+def expert_l2(down: bool) -> bool:
+    """Whether `expert_gemv`'s programs ask L2 for their whole strip (`L2_STRIP`): ATHANOR_EXPERT_L2, a bit mask
+    (1: the gate/up call, 2: the down call; 0, the default: neither), read at each launch from Python for A/B runs
+    in one process (`bench/env_sweep.py`). Never on the CPU interpreter (no bulk prefetch there)."""
+    value = os.environ.get("ATHANOR_EXPERT_L2", "0")
+    if value not in ("0", "1", "2", "3"):
+        raise ConfigError(f"ATHANOR_EXPERT_L2 must be 0, 1, 2 or 3 (1: gate/up, 2: down), not {value!r}")
+    return not interpreting() and bool(int(value) & (2 if down else 1))
 
 
 def routed_experts(h: Tensor, w: Tensor, w2: Tensor | None, w_down: Tensor, topk_ids: Tensor | RouterLogits,

@@ -66,7 +66,8 @@ def test_num_kv_splits_is_static_and_bounded():
     cpu = torch.device("cpu")
     assert num_kv_splits(1, 8, 32768, cpu) == 4  # 4 programs per "SM" (8 on CPU) over 8 heads
     assert num_kv_splits(128, 8, 32768, cpu) == 1
-    assert num_kv_splits(1, 1, 100, cpu) == 2  # never more splits than 64-key tiles
+    assert num_kv_splits(1, 1, 100, cpu) == 4  # never more splits than tiles (32 keys: 2 of 64 leave SMs idle)
+    assert num_kv_splits(4, 2, 100, cpu) == 2  # 16 programs of 64 keys for 8 SMs: 64-key tiles
 
 
 @pytest.mark.parametrize("attend", [decode_attention_per_seq, decode_attention_flex], ids=["per_seq", "flex"])
@@ -175,9 +176,16 @@ def test_split_and_merge_warps_knobs(gen, monkeypatch, var):
 @triton_only
 def test_kv_block_knob_sets_the_tiles_and_the_splits(gen, monkeypatch):
     """ATHANOR_KV_BLOCK: 16-key tiles give a 90-key cache more splits (`num_kv_splits`) and the same attention up to
-    the merge's rounding, for rows of one tile and of several; a value not offered fails naming the variable."""
+    the merge's rounding, for rows of one tile and of several; a value not offered fails naming the variable. Unset,
+    the tiles are halved (32 keys) only where 64 would give fewer split programs than SMs (8 on the CPU)."""
     from athanor.kernels import num_kv_splits
 
+    cpu = torch.device("cpu")
+    assert num_kv_splits(1, 1, 200, cpu) == 7  # 4 programs of 64 keys for 8 SMs: 32-key tiles
+    assert num_kv_splits(2, 2, 200, cpu) == 4  # 16 programs of 64 keys: 64-key tiles
+    monkeypatch.setenv("ATHANOR_KV_BLOCK", "64")
+    assert num_kv_splits(1, 1, 200, cpu) == 4
+    monkeypatch.delenv("ATHANOR_KV_BLOCK")
     q = torch.randn(2, 4, 16, generator=gen)
     k_cache, v_cache = torch.randn(3, 2, 90, 16, generator=gen), torch.randn(3, 2, 90, 16, generator=gen)
     slots, kv_lens = torch.tensor([2, 0]), torch.tensor([5, 90])
