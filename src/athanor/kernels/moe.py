@@ -314,7 +314,7 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits, *, w2: Te
     # The strips asked of L2 as whole ranges: rows contiguous, every range 16-byte aligned and a multiple of 16.
     aligned = all(m.stride(1) == kk and m.data_ptr() % 16 == 0 and m.stride(0) * m.element_size() % 16 == 0
                   for m in (w, second)) and kk * w.element_size() % 16 == 0
-    flags["L2_STRIP"] = expert_l2(topk_weights is not None) and aligned
+    flags["L2_ROWS"] = expert_l2(topk_weights is not None) if aligned else 0
     if interpreting():
         block = INTERPRETED["BLOCK_N"]
         grid = (cdiv(n, block) + cdiv(n2, block), t * k)
@@ -330,14 +330,17 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits, *, w2: Te
     return y
 
 
-def expert_l2(down: bool) -> bool:
-    """Whether `expert_gemv`'s programs ask L2 for their whole strip (`L2_STRIP`): ATHANOR_EXPERT_L2, a bit mask
-    (1: the gate/up call, 2: the down call; 0, the default: neither), read at each launch from Python for A/B runs
-    in one process (`bench/env_sweep.py`). Never on the CPU interpreter (no bulk prefetch there)."""
+def expert_l2(down: bool) -> int:
+    """How many rows of its strip each of `expert_gemv`'s programs asks L2 for as soon as it knows its expert
+    (`L2_ROWS`; 0: none): ATHANOR_EXPERT_L2 = MASK[:ROWS], MASK a bit mask of the calls that do (1: gate/up, 2: down),
+    ROWS the rows (the whole strip without), read at each launch from Python for A/B runs in one process
+    (`bench/env_sweep.py`). Off by default, and never on the CPU interpreter (no bulk prefetch there)."""
     value = os.environ.get("ATHANOR_EXPERT_L2", "0")
-    if value not in ("0", "1", "2", "3"):
-        raise ConfigError(f"ATHANOR_EXPERT_L2 must be 0, 1, 2 or 3 (1: gate/up, 2: down), not {value!r}")
-    return not interpreting() and bool(int(value) & (2 if down else 1))
+    mask, _, rows = value.partition(":")
+    if mask not in ("0", "1", "2", "3") or not (rows == "" or (rows.isdigit() and int(rows) > 0)):
+        raise ConfigError(f"ATHANOR_EXPERT_L2 must be 0-3 (1: gate/up, 2: down) and optionally :ROWS, not {value!r}")
+    on = not interpreting() and bool(int(mask) & (2 if down else 1))
+    return (int(rows) if rows else 1 << 30) if on else 0
 
 
 def routed_experts(h: Tensor, w: Tensor, w2: Tensor | None, w_down: Tensor, topk_ids: Tensor | RouterLogits,

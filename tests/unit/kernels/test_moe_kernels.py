@@ -164,11 +164,13 @@ def test_expert_l2_knob_is_checked_before_any_launch(gen, monkeypatch):
     w_gate, w_up = torch.randn(e, i, h, generator=gen), torch.randn(e, i, h, generator=gen)
     ids = torch.randperm(e, generator=gen)[:k][None]
     plain = expert_gemv(x, w_gate, ids, w2=w_up, impl="triton")
-    monkeypatch.setenv("ATHANOR_EXPERT_L2", "3")
-    assert torch.equal(plain, expert_gemv(x, w_gate, ids, w2=w_up, impl="triton"))
-    monkeypatch.setenv("ATHANOR_EXPERT_L2", "4")
-    with pytest.raises(ConfigError, match="ATHANOR_EXPERT_L2"):
-        expert_gemv(x, w_gate, ids, w2=w_up, impl="triton")
+    for value in ("3", "1:8"):
+        monkeypatch.setenv("ATHANOR_EXPERT_L2", value)
+        assert torch.equal(plain, expert_gemv(x, w_gate, ids, w2=w_up, impl="triton"))
+    for value in ("4", "1:0", "1:x"):
+        monkeypatch.setenv("ATHANOR_EXPERT_L2", value)
+        with pytest.raises(ConfigError, match="ATHANOR_EXPERT_L2"):
+            expert_gemv(x, w_gate, ids, w2=w_up, impl="triton")
 
 
 @triton_only
