@@ -143,42 +143,6 @@ def test_expert_gemv_routes_itself_bf16_in_a_graph(dev):
           f"{time_ms(graphs[1].replay) * 1e3:.1f} us")
 
 
-def test_expert_gemv_l2_strip_same_bits_in_a_graph(dev, monkeypatch):
-    """ATHANOR_EXPERT_L2=3: the gate/up and down programs ask L2 for their whole strips (bulk prefetch, a hint),
-    captured and replayed with new ids: the same bits as without (qwen3-30b-a3b: gate and up apart, 2048 -> 768)."""
-    from athanor.kernels import expert_gemv, route
-
-    bf = {"device": dev, "dtype": torch.bfloat16}
-    e, k, h, i = 128, 8, 2048, 768
-    x, residual = torch.randn(1, h, **bf), torch.randn(1, h, **bf)
-    w_gate, w_up = torch.randn(e, i, h, **bf) / h**0.5, torch.randn(e, i, h, **bf) / h**0.5
-    w_down = torch.randn(e, h, i, **bf) / i**0.5
-    logits = torch.randn(1, e, device=dev)
-    ids, weights = route(logits, k, "softmax", True)
-
-    def moe() -> tuple[torch.Tensor, torch.Tensor]:
-        gate_up = expert_gemv(x, w_gate, ids, w2=w_up)
-        return gate_up, expert_gemv(gate_up[:, :i], w_down, ids, up=gate_up[:, i:], topk_weights=weights,
-                                    residual=residual, settled=True)
-
-    graphs, outs = [], []
-    for value in ("0", "3"):
-        monkeypatch.setenv("ATHANOR_EXPERT_L2", value)
-        moe()  # autotune outside the capture
-        graphs.append(torch.cuda.CUDAGraph())
-        with torch.cuda.graph(graphs[-1]):
-            outs.append(moe())
-    for _ in range(3):
-        new_ids, new_weights = route(torch.randn_like(logits), k, "softmax", True)
-        ids.copy_(new_ids)
-        weights.copy_(new_weights)
-        for graph in graphs:
-            graph.replay()
-        assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
-    print(f"expert_gemv: {time_ms(graphs[0].replay) * 1e3:.1f} us, with the strips asked of L2 "
-          f"{time_ms(graphs[1].replay) * 1e3:.1f} us")
-
-
 @pytest.mark.parametrize("rows", [1, 3])
 def test_moe_block_bf16_in_a_graph(dev, rows):
     """The persistent MoE block (qwen3-30b-a3b: O 4096 -> 2048, 128 experts, top 8, 2048 -> 768 -> 2048), captured and

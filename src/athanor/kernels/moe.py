@@ -11,7 +11,6 @@ Three ways to run the routed experts (`moe_experts(..., backend=)`):
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -311,10 +310,6 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits, *, w2: Te
              "RENORM": router is not None and router.renormalize, "HAS_BIAS": bias is not None,
              "BLOCK_E": next_pow2(max(num_experts, 1)), "CHUNK": min(32, next_pow2(max(num_experts, 1))),
              "RSTD_BLOCK": rstd_block(kk), **pdl(x)}
-    # The strips asked of L2 as whole ranges: rows contiguous, every range 16-byte aligned and a multiple of 16.
-    aligned = all(m.stride(1) == kk and m.data_ptr() % 16 == 0 and m.stride(0) * m.element_size() % 16 == 0
-                  for m in (w, second)) and kk * w.element_size() % 16 == 0
-    flags["L2_ROWS"] = expert_l2(topk_weights is not None) if aligned else 0
     if interpreting():
         block = INTERPRETED["BLOCK_N"]
         grid = (cdiv(n, block) + cdiv(n2, block), t * k)
@@ -328,19 +323,6 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits, *, w2: Te
         if not launch_pinned(expert_gemv_kernel, expert_gemv_tuned, programs, args, flags):
             expert_gemv_tuned[programs](*args, **flags)
     return y
-
-
-def expert_l2(down: bool) -> int:
-    """How many rows of its strip each of `expert_gemv`'s programs asks L2 for as soon as it knows its expert
-    (`L2_ROWS`; 0: none): ATHANOR_EXPERT_L2 = MASK[:ROWS], MASK a bit mask of the calls that do (1: gate/up, 2: down),
-    ROWS the rows (the whole strip without), read at each launch from Python for A/B runs in one process
-    (`bench/env_sweep.py`). Off by default, and never on the CPU interpreter (no bulk prefetch there)."""
-    value = os.environ.get("ATHANOR_EXPERT_L2", "0")
-    mask, _, rows = value.partition(":")
-    if mask not in ("0", "1", "2", "3") or not (rows == "" or (rows.isdigit() and int(rows) > 0)):
-        raise ConfigError(f"ATHANOR_EXPERT_L2 must be 0-3 (1: gate/up, 2: down) and optionally :ROWS, not {value!r}")
-    on = not interpreting() and bool(int(mask) & (2 if down else 1))
-    return (int(rows) if rows else 1 << 30) if on else 0
 
 
 def routed_experts(h: Tensor, w: Tensor, w2: Tensor | None, w_down: Tensor, topk_ids: Tensor | RouterLogits,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from athanor.errors import ConfigError
 from athanor.kernels import (
     HAS_TRITON,
     RouterLogits,
@@ -153,24 +152,6 @@ def test_moe_experts_backends_match_the_reference_loop(gen, backend, fused, num_
     gate_up = torch.cat([w_gate, w_up], dim=1) if fused else (w_gate, w_up)
     out = moe_experts(x, gate_up, w_down, ids, weights, backend=backend)
     torch.testing.assert_close(out, _reference_moe(x, w_gate, w_up, w_down, ids, weights), rtol=1e-4, atol=1e-5)
-
-
-@triton_only
-def test_expert_l2_knob_is_checked_before_any_launch(gen, monkeypatch):
-    """ATHANOR_EXPERT_L2 (the strips asked of L2, a GPU-only hint): a value not offered fails naming the variable;
-    an offered one gives the same bits (on the interpreter the hint is never compiled in)."""
-    e, k, h, i = 6, 3, 80, 40
-    x = torch.randn(1, h, generator=gen)
-    w_gate, w_up = torch.randn(e, i, h, generator=gen), torch.randn(e, i, h, generator=gen)
-    ids = torch.randperm(e, generator=gen)[:k][None]
-    plain = expert_gemv(x, w_gate, ids, w2=w_up, impl="triton")
-    for value in ("3", "1:8"):
-        monkeypatch.setenv("ATHANOR_EXPERT_L2", value)
-        assert torch.equal(plain, expert_gemv(x, w_gate, ids, w2=w_up, impl="triton"))
-    for value in ("4", "1:0", "1:x"):
-        monkeypatch.setenv("ATHANOR_EXPERT_L2", value)
-        with pytest.raises(ConfigError, match="ATHANOR_EXPERT_L2"):
-            expert_gemv(x, w_gate, ids, w2=w_up, impl="triton")
 
 
 @triton_only

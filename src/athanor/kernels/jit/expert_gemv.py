@@ -10,7 +10,6 @@ import triton
 import triton.language as tl
 
 from athanor.kernels.jit.fused_gemv import gemv_epilogue, input_rstd, stream_row, tile_sums
-from athanor.kernels.jit.l2_prefetch import prefetch_range
 from athanor.kernels.jit.moe import route_choice
 from athanor.kernels.jit.tickets import last_of_group
 
@@ -25,7 +24,7 @@ def expert_gemv_kernel(
     ROUTE: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, RSTD_BLOCK: tl.constexpr,
-    PREFETCH: tl.constexpr = 0, L2_ROWS: tl.constexpr = 0,
+    PREFETCH: tl.constexpr = 0,
 ):
     """A few tokens' routed experts, their ids read on the device: grid (strips of N + N2, tokens * TOP_K).
 
@@ -43,9 +42,6 @@ def expert_gemv_kernel(
 
     PREFETCH (a config's choice): each weight tile and input chunk is loaded before the previous tile is summed
     (`stream_row`), so two tiles a program are in flight instead of one; the same sums in the same order.
-
-    L2_ROWS (CUDA only; the weight's rows contiguous, K * 2 bytes a multiple of 16): the program asks L2 for the
-    first L2_ROWS rows of its strip as soon as it knows its expert (`prefetch_range`), before its wait when SETTLED.
 
     PDL: the program waits for the previous kernel before reading the ids (they come from the routing
     kernel, or the logits from the router's GEMV), unless SETTLED (see `expert_gemv`): then it reads them and
@@ -68,11 +64,6 @@ def expert_gemv_kernel(
     else:
         e = tl.load(IDS + pair, cache_modifier=".cg").to(tl.int64)  # from L2: written by another launch
     w_rows = expert_rows(second, W2, w2_se, w2_sn, W, w_se, w_sn, e, col)
-    if L2_ROWS:  # the strip's rows are contiguous: one range from its first row
-        first = (pid_n - strips1 * second.to(tl.int32)) * BLOCK_N
-        rows = tl.minimum(tl.where(second, N2, N) - first, min(L2_ROWS, BLOCK_N))
-        start = tl.where(second, W2 + e * w2_se, W + e * w_se) + first.to(tl.int64) * tl.where(second, w2_sn, w_sn)
-        prefetch_range(start, rows * K * (W.dtype.element_ty.primitive_bitwidth // 8), 128)
     rk = tl.arange(0, BLOCK_K)
     w_first = tl.load(w_rows + rk[None, :], mask=n_mask[:, None] & (rk < K)[None, :], other=0.0)
     if PDL:
