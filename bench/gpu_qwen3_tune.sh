@@ -2,8 +2,8 @@
 # One device call (~8 min on an H200), issue 7, qwen3-30b-a3b at batch 1, context 1024 (recorded routing, $ROUTING):
 # a setting read at graph capture ($VAR, by default the routing kernel's ATHANOR_ROUTE_CHUNK) at each of $CONFIGS
 # against the best-known, alternating (`bench/env_sweep.py`); then the configs of $KERNELS (by default the expert
-# GEMVs; "" for none) tuned inside the whole captured step (`bench/step_tune.py`). GPU tests matching $TESTS first ("" for none).
-# The compiler caches go back as $OUT/compile_cache.tgz.
+# GEMVs; "" for none) tuned inside the whole captured step (`bench/step_tune.py`). GPU tests matching $TESTS first
+# ("" for none). The compiler caches go back as $OUT/compile_cache.tgz.
 #   ATHANOR_COMMIT=<hash> [ROUTING=FILE] [VAR=ATHANOR_ROUTE_CHUNK CONFIGS="32;16"] [KERNELS=expert_gemv_kernel]
 #     [TUNE_BUDGET=200] [TESTS="linear_route or moe_block"] bash bench/gpu_qwen3_tune.sh
 source "$(dirname "$0")/_gpu_env.sh"
