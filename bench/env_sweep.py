@@ -28,8 +28,6 @@ from _record import result_path, write
 
 CONFIGS = ("", "per_sm=3", "rank_chunk=0", "block_n3=16", "block_k2=1024")
 """ATHANOR_MOE_BLOCK values tried after the default ("")."""
-ALSO: set[str] = set()
-"""The other variables a config has set ("max ATHANOR_ROUTE_WARPS=1"), unset before the next timing."""
 
 
 def main() -> int:
@@ -65,12 +63,14 @@ def main() -> int:
             files[name] = Path(tmp) / f"{name}.py"
             files[name].write_text(render("fast", options))
 
+        also: set[str] = set()  # the other variables configs have set ("max ATHANOR_ROUTE_WARPS=1")
+
         def step_ms(name: str, config: str = "") -> float:
             value, *others = config.split(" ")  # "VALUE OTHER=V ...": more variables set with this one
             settings = dict(item.split("=", 1) for item in others)
-            for var in (args.var, *ALSO):
+            for var in (args.var, *also):  # each timing under its own config's variables only
                 os.environ.pop(var, None)
-            ALSO.update(settings)
+            also.update(settings)
             if value:
                 os.environ[args.var] = value
             os.environ.update(settings)

@@ -9,13 +9,11 @@ no host syncs, so it can be captured in a CUDA graph at any context length.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 from torch import Tensor
 
-from athanor.errors import ConfigError
-from athanor.kernels.dispatch import Impl, cdiv, launch_warps, next_pow2, pdl, tickets, use_triton
+from athanor.kernels.dispatch import Impl, cdiv, env_choice, launch_warps, next_pow2, pdl, tickets, use_triton
 from athanor.kernels.rope import KVWrite, rope_into
 
 BLOCK_N = 64
@@ -37,13 +35,11 @@ def kv_block(batch: int, num_kv_heads: int, max_seq_len: int, device: torch.devi
     after its wait, and the merge more to combine: qwen3 2.424 against 2.430 ms a token, the 1B's 136 programs 0.885
     against 0.881 (`bench/results/kv-block-2c201aa/`). ATHANOR_KV_BLOCK (16, 32, 64 or 128) overrides it, read at each
     launch from Python for A/B runs in one process (`bench/env_sweep.py`); a captured graph keeps its grid and tiles."""
-    value = os.environ.get("ATHANOR_KV_BLOCK")
-    if value is None:
-        few = batch * num_kv_heads * cdiv(max_seq_len, BLOCK_N) < _num_sms(device)
-        return BLOCK_N // 2 if few else BLOCK_N
-    if value not in ("16", "32", "64", "128"):
-        raise ConfigError(f"ATHANOR_KV_BLOCK must be 16, 32, 64 or 128 (keys a tile), not {value!r}")
-    return int(value)
+    value = env_choice("ATHANOR_KV_BLOCK", (16, 32, 64, 128), "keys a tile")
+    if value is not None:
+        return value
+    few = batch * num_kv_heads * cdiv(max_seq_len, BLOCK_N) < _num_sms(device)
+    return BLOCK_N // 2 if few else BLOCK_N
 
 
 def num_kv_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:

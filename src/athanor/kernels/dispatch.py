@@ -107,9 +107,19 @@ def launch_warps(var: str, default: int = 4) -> int:
     process; `bench/results/small-warps-38fd522/`): the merge at 1 warp 2.430, 2.429 ms against 2.454, 2.454 at 4
     (2.488 at 2, 2.466 at 8); the routing kernel 2.573 at 1, 2.503 at 2 against 2.449-2.457 at 4, and at 8 its
     step hit an illegal address (not looked into: 8 is not offered)."""
-    value = os.environ.get(var, str(default))
-    if value not in ("1", "2", "4"):
-        raise ConfigError(f"{var} must be 1, 2 or 4 (warps), not {value!r}")
+    value = env_choice(var, (1, 2, 4), "warps")
+    return default if value is None else value
+
+
+def env_choice(var: str, allowed: tuple[int, ...], unit: str) -> int | None:
+    """A launch setting from environment variable `var`: one of `allowed`, or None where unset; any other value
+    fails with a one-line error naming the variable (read before a launch, so a bad value launches nothing)."""
+    value = os.environ.get(var)
+    if value is None:
+        return None
+    if value not in [str(a) for a in allowed]:
+        listed = ", ".join(map(str, allowed[:-1])) + f" or {allowed[-1]}"
+        raise ConfigError(f"{var} must be {listed} ({unit}), not {value!r}")
     return int(value)
 
 

@@ -146,8 +146,8 @@ def rank_logits(logits, BIAS, e, E, TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, 
     experts e = arange(BLOCK_E)). CHUNK 0: the rank counted over the whole [BLOCK_E, BLOCK_E] comparison at once, with
     no round trip through memory; CHUNK < 0: TOP_K rounds of one max (`_max_rounds`). Else the choosers are stored at
     CHOOSERS [BLOCK_E] fp32 (the program's own scratch) and the rivals read back CHUNK at a time in a loop that is not
-    unrolled: a fraction of the registers and of the code. On an H200 (qwen3-30b-a3b, 128 experts), in the routing kernel on the router sums: chunks of 32
-    0.45 us a layer faster than all at once (`gemv.route_chunk`), which had itself measured 0.45 us faster than
+    unrolled: a fraction of the registers and of the code. On an H200 (qwen3-30b-a3b, 128 experts), in the routing
+    kernel on the router sums: chunks of 32 0.45 us a layer faster than all at once (`gemv.route_chunk`), which had itself measured 0.45 us faster than
     storing the logits and ranking by `_ranked`'s unrolled chunks; in the persistent MoE block 128 registers instead
     of 164. As the plain routing kernel's ranking (logits loaded once) all at once measured 0.45 us a layer slower
     than `_ranked`."""
