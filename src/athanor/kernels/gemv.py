@@ -20,7 +20,6 @@ from athanor.kernels.dispatch import (
     PDL_EARLY,
     Impl,
     cdiv,
-    env_choice,
     interpreting,
     launch_warps,
     next_pow2,
@@ -193,25 +192,13 @@ def router_topk(h: Tensor, w: Tensor, norm_weight: Tensor, eps: float, top_k: in
     return ids, weights
 
 
-def route_tail() -> bool:
-    """Whether `linear_route`'s O projection routes in its last program (ATHANOR_ROUTE_TAIL=1, the default: one
-    launch, no kernel boundary between the router's sums and the experts) or launches the routing kernel after it
-    (0); read at each launch from Python (A/B runs in one process: `bench/env_sweep.py`)."""
-    return env_choice("ATHANOR_ROUTE_TAIL", (0, 1), "the O projection's last program routes") != 0
-
-
-def route_chunk(tail: bool = False) -> int:
-    """How `linear_route` ranks the experts (`rank_logits`): CHUNK rivals at a time from stored choosers, all at once
-    in registers with 0, or in TOP_K rounds of one max with `max` (-1, `_max_rounds`): ATHANOR_ROUTE_CHUNK, read at
-    each launch from Python (A/B runs in one process: `bench/env_sweep.py`). By default 32 in the routing kernel:
-    qwen3-30b-a3b on an H200 (1e77ebd, alternating, three pairs) 2.596, 2.596, 2.594 ms against 2.617, 2.617, 2.619
-    all at once, 2.666 with 16; `max` 2.439 against 2.427-2.431 (0f7ce00). In the O projection's tail (`tail`) `max`:
-    there the rank count in chunks of 32, inside the pinned 8-warp O kernel, left one of qwen3's 8 ranks to nobody
-    and another to two experts on the H200 (the step's first routing; the slot never written held garbage, the
-    experts' GEMV read an expert id of -4.8e18: an illegal address; `bench/route_tail_check.py`), where its GPU test
-    on random logits passed; the max rounds give each of the TOP_K ranks to exactly one expert whatever the compiler
-    does with ties."""
-    value = os.environ.get("ATHANOR_ROUTE_CHUNK", "max" if tail else "32")
+def route_chunk() -> int:
+    """`linear_route`'s routing kernel ranks its experts CHUNK rivals at a time, in a loop over choosers it stored
+    (`rank_logits`), all at once in registers with 0, or in TOP_K rounds of one max with `max` (`_max_rounds`):
+    ATHANOR_ROUTE_CHUNK, 32 by default, read at each launch from Python (A/B runs in one process:
+    `bench/env_sweep.py`). qwen3-30b-a3b on an H200 (1e77ebd, alternating, three pairs): 2.596, 2.596, 2.594 ms with
+    32 against 2.617, 2.617, 2.619 all at once; 2.666 with 16; `max` 2.439 against 2.427-2.431 (0f7ce00)."""
+    value = os.environ.get("ATHANOR_ROUTE_CHUNK", "32")
     if value == "max":
         return -1
     if not value.isdigit() or (int(value) & (int(value) - 1)):
@@ -264,22 +251,17 @@ def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_
         return h, logits, ids, weights
     sums = router_sums(x.device)
     block_e = next_pow2(e)
-    choosers = torch.empty(m * block_e, dtype=torch.float32, device=x.device)  # the ranks' scratch
-    bias = selection_bias if selection_bias is not None else logits
-    # All three read before the first launch: a bad value must not leave the sums added into.
-    tail, warps = route_tail(), launch_warps("ATHANOR_ROUTE_WARPS")
-    chunk = min(route_chunk(tail), block_e)
-    routing = {"TOP_K": top_k, "SOFTMAX": scoring == "softmax", "RENORM": renormalize,
-               "HAS_BIAS": selection_bias is not None, "BLOCK_E": block_e, "CHUNK": chunk}
-    route_block = rstd_block(n) or min(1024, next_pow2(n))
-    args = (x, w, residual, h, _workspace(m, n, x.device), tickets(x.device), router_w, norm_weight, sums, logits,
-            bias, ids, weights, choosers, m, n, k, e, ROUTER_SCALE, eps, 1.0 / ROUTER_SCALE, x.stride(0), w.stride(0),
-            residual.stride(0), h.stride(0))
-    _launch(fused_gemv_router_kernel, fused_gemv_router_tuned, args,
-            {**routing, "ROUTE": tail, "ROUTE_BLOCK": route_block}, m, n, k)
-    if not tail:
-        route_sums_kernel[(m,)](sums, h, logits, bias, ids, weights, choosers, e, n, eps, 1.0 / ROUTER_SCALE,
-                                h.stride(0), **routing, BLOCK_K=route_block, num_warps=warps, **pdl(x))
+    args = (x, w, residual, h, _workspace(m, n, x.device), tickets(x.device), router_w, norm_weight, sums,
+            m, n, k, e, ROUTER_SCALE, x.stride(0), w.stride(0), residual.stride(0), h.stride(0))
+    # Both read before the first launch: a bad value must not leave the sums added into.
+    chunk, warps = min(route_chunk(), block_e), launch_warps("ATHANOR_ROUTE_WARPS")
+    _launch(fused_gemv_router_kernel, fused_gemv_router_tuned, args, {"BLOCK_E": block_e}, m, n, k)
+    route_sums_kernel[(m,)](
+        sums, h, logits, selection_bias if selection_bias is not None else logits, ids, weights,
+        torch.empty(m * block_e, dtype=torch.float32, device=x.device), e, n, eps,  # the ranks' scratch
+        1.0 / ROUTER_SCALE, h.stride(0), TOP_K=top_k, SOFTMAX=scoring == "softmax", RENORM=renormalize,
+        HAS_BIAS=selection_bias is not None, BLOCK_E=block_e,
+        BLOCK_K=rstd_block(n) or min(1024, next_pow2(n)), CHUNK=chunk, num_warps=warps, **pdl(x))
     return h, logits, ids, weights
 
 

@@ -217,32 +217,6 @@ def test_linear_route_ranks_the_same_in_chunks(gen, monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(chunked, linear_route(*call, impl="triton"), strict=True))
 
 
-@triton_only
-@pytest.mark.parametrize("chunk", ["8", "max"])
-@pytest.mark.parametrize("m,scoring,bias", [(1, "softmax", False), (3, "sigmoid", True)])
-def test_linear_route_routes_the_same_in_the_o_projections_tail(gen, monkeypatch, chunk, m, scoring, bias):
-    """ATHANOR_ROUTE_TAIL=1: the O projection's last program routes (no routing kernel), giving what the routing
-    kernel after it gives, bit for bit, call after call (it leaves the sums and its ticket zero); a value other than
-    0 or 1 is refused before anything is launched."""
-    experts, hidden, k = 60, 96, 200
-    x, w = torch.randn(m, k, generator=gen), torch.randn(hidden, k, generator=gen) / k**0.5
-    residual, nw = torch.randn(m, hidden, generator=gen), torch.randn(hidden, generator=gen)
-    router_w = torch.randn(experts, hidden, generator=gen)
-    sel = torch.randn(experts, generator=gen) * 0.1 if bias else None
-    call = (x, w, residual, router_w, nw, 1e-5, 4, scoring, True, sel)
-    monkeypatch.setenv("ATHANOR_ROUTE_CHUNK", chunk)
-    monkeypatch.setenv("ATHANOR_ROUTE_TAIL", "0")
-    launched = linear_route(*call, impl="triton")
-    monkeypatch.setenv("ATHANOR_ROUTE_TAIL", "1")
-    for _ in range(2):
-        assert all(torch.equal(a, b) for a, b in zip(launched, linear_route(*call, impl="triton"), strict=True))
-    monkeypatch.setenv("ATHANOR_ROUTE_TAIL", "yes")
-    with pytest.raises(ConfigError, match="ATHANOR_ROUTE_TAIL"):
-        linear_route(*call, impl="triton")
-    monkeypatch.setenv("ATHANOR_ROUTE_TAIL", "0")
-    assert all(torch.equal(a, b) for a, b in zip(launched, linear_route(*call, impl="triton"), strict=True))
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 16, 384])
 def test_onednn_linear_is_f_linear_up_to_rounding(gen, dtype, rows):

@@ -45,8 +45,7 @@ PINNED: dict[str, dict[str, dict[tuple[Any, ...], Pin]]] = {
         },
         "fused_gemv_router_kernel": {  # qwen3's O projection with the router's sums: a whole row a
             # tile, loaded before the PDL wait (the step 2.448 ms; 2.465 at 8 x 2048, 2.526 at 8 x 512 split 4: bench/README)
-            (1, 2048, 4096, 128, False, True, True): ({'BLOCK_N': 8, 'BLOCK_K': 4096, 'SPLIT_K': 1}, 8, 1),
-            (1, 2048, 4096, 128, True, True, True): ({'BLOCK_N': 8, 'BLOCK_K': 4096, 'SPLIT_K': 1}, 8, 1),  # routing too
+            (1, 2048, 4096, 128, True, True): ({'BLOCK_N': 8, 'BLOCK_K': 4096, 'SPLIT_K': 1}, 8, 1),
         },
         "expert_gemv_kernel": {
             (768, 768, 2048, True, True, False, False, 8, False, False, True): ({'BLOCK_N': 32, 'BLOCK_K': 256, 'PREFETCH': 1}, 4, 3),

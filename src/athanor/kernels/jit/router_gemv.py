@@ -40,10 +40,9 @@ def fused_gemv_route_kernel(
 
 @triton.jit
 def fused_gemv_router_kernel(
-    X, W, R, Y, WS, TICKETS, RW, RNW, SUMS, LOGITS, RB, IDS, TOPW, CHOOSERS,
-    M, N, K, E, scale, eps, inv_scale, x_s0, w_s0, r_s0, y_s0,
-    BLOCK_E: tl.constexpr, ROUTE: tl.constexpr, TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr,
-    HAS_BIAS: tl.constexpr, CHUNK: tl.constexpr, ROUTE_BLOCK: tl.constexpr,
+    X, W, R, Y, WS, TICKETS, RW, RNW, SUMS,
+    M, N, K, E, scale, x_s0, w_s0, r_s0, y_s0,
+    BLOCK_E: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr,
 ):
@@ -51,10 +50,7 @@ def fused_gemv_router_kernel(
     share of the MoE router's logits from this strip of Y: SUMS[m, e] += sum over the strip's columns n of
     Y[m, n] * RNW[n] * RW[e, n] (RW: the router [E, N]; RNW: the block's RMSNorm weight), in int64 fixed point
     (x `scale`, rounded to nearest), so the sum does not depend on the order the strips finish in. The RMSNorm's
-    scale is one factor per row and comes out of the sum: `route_sums_kernel` applies it and routes; under ROUTE
-    the last strip to be written (a ticket over all strips) does what it does instead (`route_sums_row` for each row,
-    LOGITS, IDS, TOPW written, CHOOSERS [M, BLOCK_E] its scratch, Y's rows read ROUTE_BLOCK at a time for their RMS),
-    and no routing kernel is launched."""
+    scale is one factor per row and comes out of the sum: `route_sums_kernel` applies it and routes."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
     # The router's strip (weights: no earlier kernel writes them) is loaded before the projection's wait.
@@ -63,15 +59,6 @@ def fused_gemv_router_kernel(
                       False, False, False, True, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK)
     if done:
         add_router_share(rw, Y, SUMS, rn, n_mask, M, E, scale, y_s0, BLOCK_E, BLOCK_M)
-        if ROUTE:
-            ticket = TICKETS + tl.num_programs(0)  # past the strips' split-K tickets
-            if last_of_group(ticket, tl.num_programs(0)):  # every strip's share is in the sums, every strip of Y out
-                for m in tl.static_range(BLOCK_M):
-                    if m < M:
-                        route_sums_row(SUMS + m * E, Y + m * y_s0, LOGITS + m * E, RB, IDS + m * TOP_K,
-                                       TOPW + m * TOP_K, LOGITS, CHOOSERS + m * BLOCK_E, E, N, eps, inv_scale, TOP_K,
-                                       SOFTMAX, RENORM, HAS_BIAS, BLOCK_E, ROUTE_BLOCK, CHUNK, False)
-                tl.atomic_xchg(ticket, 0)
 
 
 @triton.jit
@@ -139,7 +126,7 @@ def route_sums_row(SUMS, H, LOGITS, RB, IDS, TOPW, RSTD, CHOOSERS, E, K, eps, in
     tl.store(TOPW + rank, weights, mask=chosen)
 
 
-fused_gemv_router_tuned = triton.autotune(configs=gemv_configs(), key=["M", "N", "K", "E", "ROUTE", "PDL", "EARLY"],
+fused_gemv_router_tuned = triton.autotune(configs=gemv_configs(), key=["M", "N", "K", "E", "PDL", "EARLY"],
                                           restore_value=["SUMS"])(fused_gemv_router_kernel)
 """Restores the router sums after timing each config: every timed launch adds into them, and no routing kernel
 runs between (without it, the first launch of an unpinned shape routed on the sums of all the timing runs)."""
