@@ -106,7 +106,8 @@ def launch_warps(var: str, default: int = 4) -> int:
     between warps. On an H200, qwen3-30b-a3b at batch 1 (alternating, one
     process; `bench/results/small-warps-38fd522/`): the merge at 1 warp 2.430, 2.429 ms against 2.454, 2.454 at 4
     (2.488 at 2, 2.466 at 8); the routing kernel 2.573 at 1, 2.503 at 2 against 2.449-2.457 at 4, and at 8 its
-    step hit an illegal address (not looked into: 8 is not offered)."""
+    step hit an illegal address, so 8 is not offered: the same rank count in chunks, run by the 8-warp O kernel,
+    left one of a token's id slots unwritten in the step (`bench/results/route-tail-8b188dd/`)."""
     value = env_choice(var, (1, 2, 4), "warps")
     return default if value is None else value
 
