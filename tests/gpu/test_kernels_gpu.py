@@ -124,11 +124,13 @@ def test_splitk_linear_bf16_vs_cublas(dev, m, n, k):
     print(f"gemv m={m} n={n} k={k}: split-K {ours:.4f} ms, cuBLAS {cublas:.4f} ms")
 
 
-FUSED_SHAPES = {  # (prologue, residual epilogue, n, k): the projections of llama-3.2-1b and llama-3.1-8b
+FUSED_SHAPES = {  # (prologue, residual epilogue, n, k): the projections of llama-3.2-1b and llama-3.1-8b, and
+    # qwen3-30b-a3b's LM head with the final norm inside (`lm_head=triton_fused`)
     "1b-qkv": ("norm", False, 3072, 2048), "1b-o": ("none", True, 2048, 2048),
     "1b-gate-up": ("norm", False, 16384, 2048), "1b-down": ("silu", True, 2048, 8192),
     "8b-qkv": ("norm", False, 6144, 4096), "8b-o": ("none", True, 4096, 4096),
     "8b-gate-up": ("norm", False, 28672, 4096), "8b-down": ("silu", True, 4096, 14336),
+    "qwen3-lm-head": ("norm", False, 151936, 2048),
 }
 
 
@@ -159,6 +161,30 @@ def test_fused_linear_bf16_vs_unfused(dev, m, shape):
     ours, base = graph_time_ms(lambda: fused_linear(x, w, **extra, residual=r, impl="triton")), graph_time_ms(unfused)
     print(f"fused gemv {shape} m={m}: {ours * 1000:.1f} us ({n * k * 2 / (ours * 1e-3) / 4.2e12:.0%} of 4.2 TB/s), "
           f"unfused {base * 1000:.1f} us")
+
+
+def test_embedding_then_a_pdl_gemv_in_a_graph(dev):
+    """The embedding gather lets the next kernel launch as it starts (PDL): in a captured graph the QKV-shaped GEMV
+    after it must still read the rows it gathered, replayed with new tokens; the gather is F.embedding's, bit for bit."""
+    from athanor.kernels import embedding, fused_linear
+
+    bf = {"device": dev, "dtype": torch.bfloat16}
+    table, w, nw = torch.randn(151936, 2048, **bf), torch.randn(5120, 2048, **bf) * 2048**-0.5, torch.randn(2048, **bf)
+    tokens = torch.randint(0, 151936, (1,), device=dev)
+    assert torch.equal(embedding(tokens, table, impl="triton"), F.embedding(tokens, table))
+
+    def step() -> torch.Tensor:
+        return fused_linear(embedding(tokens, table, impl="triton"), w, norm_weight=nw, eps=1e-6, impl="triton")
+
+    step()  # autotuning outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for token in (5, 151935, 77777):
+        tokens.fill_(token)
+        graph.replay()
+        expected = fused_linear(F.embedding(tokens, table), w, norm_weight=nw, eps=1e-6, impl="triton")
+        assert torch.equal(out, expected), token
 
 
 def test_route_rope_and_greedy_bf16(dev):

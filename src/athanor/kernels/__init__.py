@@ -13,6 +13,7 @@ package imports without Triton.
 from athanor.kernels.activation import silu_mul
 from athanor.kernels.attention import decode_attention, num_kv_splits, rope_cache_attention
 from athanor.kernels.dispatch import HAS_TRITON, use_triton
+from athanor.kernels.embedding import embedding
 from athanor.kernels.flex_decode import decode_attention_flex
 from athanor.kernels.gemv import (
     fused_linear,
@@ -49,6 +50,7 @@ __all__ = [
     "decode_attention",
     "decode_attention_flex",
     "decode_attention_per_seq",
+    "embedding",
     "expert_gemv",
     "fused_linear",
     "greedy",

@@ -10,10 +10,12 @@ engine and serving paths, not a candidate option: its argmax graph takes `greedy
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor
 
-from athanor.kernels.dispatch import Impl, cdiv, interpreting, next_pow2, tickets, use_triton
+from athanor.kernels.dispatch import Impl, cdiv, interpreting, next_pow2, pdl, tickets, use_triton
 from athanor.model.sampling import uniform_noise
 
 
@@ -35,8 +37,11 @@ def greedy(logits: Tensor, impl: Impl = None) -> Tensor:
     parts = cdiv(vocab, chunk)
     values = torch.empty(rows * parts, dtype=torch.float32, device=logits.device)
     indices = torch.empty(rows * parts, dtype=torch.int32, device=logits.device)
+    # Under programmatic dependent launch the argmax's programs wait resident for the LM head instead of launching
+    # after it; ATHANOR_ARGMAX_PDL=0 launches it plainly (read at each launch, for A/B runs in one process).
+    launch = pdl(logits) if os.environ.get("ATHANOR_ARGMAX_PDL", "1") != "0" else {"PDL": False}
     argmax_kernel[(rows, parts)](logits, out, values, indices, tickets(logits.device), logits.stride(0), vocab,
-                                 CHUNK=chunk, BLOCK=block, PARTS_P2=next_pow2(parts))
+                                 CHUNK=chunk, BLOCK=block, PARTS_P2=next_pow2(parts), **launch)
     return out
 
 

@@ -188,6 +188,16 @@ def test_fused_layer_at_few_rows_moe_and_qk_norm(preset, routing, tmp_path, gen)
     check(source.replace("FUSED_ROWS = 1\n", "FUSED_ROWS = 3\n"), preset, tmp_path, gen)
 
 
+@pytest.mark.parametrize("preset", ["tiny-dense", ROUTED_ONLY], ids=["tiny-dense", "routed-only"])
+def test_fused_layer_with_the_final_norm_in_the_lm_head_and_the_embedding_gather(preset, tmp_path, gen):
+    """`lm_head=triton_fused` (the final RMSNorm inside the LM head's GEMV) and `embedding=triton` on the fused
+    layer's path, where they act (elsewhere the LM head stays a norm then `_linear`)."""
+    spec = PRESETS[preset] if isinstance(preset, str) else preset
+    options = {**best_options(spec), "gemv": "triton_fused", "fused_qkv": True, "lm_head": "triton_fused",
+               "embedding": "triton"}
+    check(render("fast", options).replace("FUSED_ROWS = 1\n", "FUSED_ROWS = 3\n"), preset, tmp_path, gen)
+
+
 @pytest.mark.parametrize("gemv, expected", [("onednn", [1, 3, 16, 40]), ("onednn_decode", [3, 16])])
 def test_onednn_takes_the_rows_its_option_names(gemv, expected, tmp_path, monkeypatch):
     """'onednn' sends every linear layer through oneDNN; 'onednn_decode' only 2-32 rows (one row and prefills

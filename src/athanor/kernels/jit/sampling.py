@@ -16,9 +16,11 @@ from athanor.kernels.jit.tickets import last_of_group
 
 @triton.jit
 def argmax_kernel(LOGITS, OUT, WS_VAL, WS_IDX, TICKETS, l_s0, V,
-                  CHUNK: tl.constexpr, BLOCK: tl.constexpr, PARTS_P2: tl.constexpr):
+                  CHUNK: tl.constexpr, BLOCK: tl.constexpr, PARTS_P2: tl.constexpr, PDL: tl.constexpr):
     """Grid (rows, cdiv(V, CHUNK)); CHUNK a multiple of BLOCK. Ties go to the smallest index, as torch.argmax's
     (NaN is never a maximum here, unlike there)."""
+    if PDL:  # launched before the LM head ends: resident and waiting, not launching, when the logits are done
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)  # rows x vocab may pass 2^31
     part = tl.program_id(1)
     parts = tl.num_programs(1)

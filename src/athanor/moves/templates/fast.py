@@ -27,6 +27,7 @@ from athanor.kernels import (
     decode_attention,
     decode_attention_flex,
     decode_attention_per_seq,
+    embedding,
     fused_linear,
     linear,
     linear_route,
@@ -69,6 +70,8 @@ OPTIONS: dict[str, Any] = {
     "merge_early": False,
     "early_keys": False,
     "split_early": False,
+    "lm_head": "linear",
+    "embedding": "torch",
 }
 # --- end OPTIONS ---
 
@@ -364,7 +367,7 @@ class FastForward:
                 and tokens.shape[0] <= FUSED_ROWS and use_triton(tokens)):
             return self._decode_fused(tokens, positions, slots)
         kv_lens = self._kv_lens(positions)
-        x: Tensor = F.embedding(tokens, self.embed)  # [B, H]
+        x = self._embedding(tokens)  # [B, H]
         residual: Tensor | None = None
         for i, layer in enumerate(self.layers):
             h, residual = self._norm(x, residual, layer.attn_norm)
@@ -382,7 +385,7 @@ class FastForward:
         layer's experts run as `_moe_fused`. h is the residual stream: the reference's x after each
         `x = x + ...`."""
         kv_lens = self._kv_lens(positions)
-        h: Tensor = F.embedding(tokens, self.embed)  # [B, H]
+        h = self._embedding(tokens)  # [B, H]
         for i, layer in enumerate(self.layers):
             attn = self._attend_fused(i, layer, h, positions, slots, kv_lens)
             if layer.moe and not layer.has_mlp and OPTIONS["routing"] == "triton_moe_block":
@@ -402,7 +405,15 @@ class FastForward:
                 continue
             gate, up = self._gate_up(layer, h, norm=layer.mlp_norm)
             h = fused_linear(gate, layer.w_down, up=up, residual=h)
+        if OPTIONS["lm_head"] == "triton_fused" and self.lm_head.dtype == h.dtype:  # the final norm inside the GEMV
+            return fused_linear(h, self.lm_head, norm_weight=self.norm, eps=self.eps)
         return self._linear(rms_norm(h, self.norm, self.eps, impl=impl("rmsnorm")), self.lm_head)
+
+    def _embedding(self, tokens: Tensor) -> Tensor:
+        """The decode rows' embeddings [B, H]."""
+        if OPTIONS["embedding"] == "triton":
+            return embedding(tokens, self.embed)
+        return F.embedding(tokens, self.embed)
 
     def _moe_fused(self, i: int, layer: Layer, h: Tensor) -> Tensor:
         """h + the MoE block for a few tokens: router (RMSNorm inside) and top-k, then the chosen experts'
