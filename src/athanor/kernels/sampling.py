@@ -33,7 +33,9 @@ def greedy(logits: Tensor, impl: Impl = None) -> Tensor:
         return out
     assert rows <= 1 << 16, "one ticket per row"
     block = 256 if interpreting() else 1024
-    chunk = 2 * block
+    # Logits a program takes: ATHANOR_ARGMAX_CHUNK (a multiple of 1024, read at each launch for A/B runs) on a GPU.
+    chunk = 2 * block if interpreting() else int(os.environ.get("ATHANOR_ARGMAX_CHUNK", 2 * block))
+    assert chunk % block == 0, "ATHANOR_ARGMAX_CHUNK must be a multiple of 1024"
     parts = cdiv(vocab, chunk)
     values = torch.empty(rows * parts, dtype=torch.float32, device=logits.device)
     indices = torch.empty(rows * parts, dtype=torch.int32, device=logits.device)
