@@ -12,7 +12,7 @@ package imports without Triton.
 
 from athanor.kernels.activation import silu_mul
 from athanor.kernels.attention import decode_attention, num_kv_splits, rope_cache_attention
-from athanor.kernels.dispatch import HAS_TRITON, route_signal, use_triton
+from athanor.kernels.dispatch import HAS_TRITON, use_triton
 from athanor.kernels.embedding import embedding
 from athanor.kernels.flex_decode import decode_attention_flex
 from athanor.kernels.gemv import (
@@ -68,7 +68,6 @@ __all__ = [
     "rope_and_cache",
     "rope_cache_attention",
     "route",
-    "route_signal",
     "routed_experts",
     "router_topk",
     "sample_top_k_top_p",

@@ -151,22 +151,6 @@ def _zeroed(name: str, device: Any, n: int, dtype: Any) -> Tensor:
     return _ZEROED[name, device]
 
 
-def route_flags(device: Any) -> Tensor:
-    """int32 flags, one per decode row (64): the routing kernel raises a row's once its ids are stored, the experts'
-    gate/up programs poll it, the down projection lowers it (`route_signal`)."""
-    import torch
-
-    return _zeroed("route_flags", device, 64, torch.int32)
-
-
-def route_signal(t: Tensor) -> bool:
-    """Whether the routing kernel on the router's sums (`linear_route`) hands its ids to the experts' gate/up GEMV by
-    a flag the gate/up programs poll (`jit.tickets.wait_flag`) rather than by the end of its launch: under PDL only,
-    and unless ATHANOR_ROUTE_SIGNAL=0 (read at each launch, for A/B runs in one process; the routing and expert
-    launches of a layer must read the same value, so it is read once per layer by the caller)."""
-    return os.environ.get("ATHANOR_ROUTE_SIGNAL", "1") != "0" and bool(pdl(t)["PDL"])
-
-
 def router_sums(device: Any) -> Tensor:
     """int64 accumulators of MoE router logits in fixed point (`fused_gemv_router_kernel` adds into them, the routing
     kernel after it reads and zeroes them), [rows, experts] row-major in its first rows * experts entries: 8192 of

@@ -24,7 +24,6 @@ from athanor.kernels.dispatch import (
     launch_warps,
     next_pow2,
     pdl,
-    route_flags,
     router_sums,
     rstd_block,
     tickets,
@@ -215,7 +214,7 @@ columns, to 2^31 too): far beyond any model's activations."""
 
 def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_weight: Tensor, eps: float, top_k: int,
                  scoring: str, renormalize: bool, selection_bias: Tensor | None = None,
-                 impl: Impl = None, signal: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                 impl: Impl = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The projection before a MoE block and the block's routing, for <= 8 rows in two kernels instead of three:
 
         h = residual + x @ w.T                    (rounded like `fused_linear(x, w, residual=residual)`)
@@ -227,11 +226,7 @@ def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_
     fixed-point sums (exact, so the same in whatever order the strips finish), and the routing kernel scales them by
     the row's RMSNorm factor, which comes out of the sum. So the logits are not the router GEMV's bit for bit: that
     one rounds the normed input to the model dtype before the product, this one multiplies in fp32; both round the
-    logits to the model dtype.
-
-    `signal` (under PDL; `dispatch.route_signal`): the routing kernel raises each row's flag once its ids are stored,
-    for an `expert_gemv(spin=True)` launched next; the caller must pass the experts the same value
-    (`routed_experts(signaled=...)`), whose down projection lowers the flags again."""
+    logits to the model dtype."""
     m, k = x.shape
     e, hidden = router_w.shape
     if (m > MAX_FUSED_ROWS or not use_triton(x, impl) or scoring not in ("softmax", "sigmoid")
@@ -261,14 +256,12 @@ def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_
     # Both read before the first launch: a bad value must not leave the sums added into.
     chunk, warps = min(route_chunk(), block_e), launch_warps("ATHANOR_ROUTE_WARPS")
     _launch(fused_gemv_router_kernel, fused_gemv_router_tuned, args, {"BLOCK_E": block_e}, m, n, k)
-    launch = pdl(x)
     route_sums_kernel[(m,)](
         sums, h, logits, selection_bias if selection_bias is not None else logits, ids, weights,
-        torch.empty(m * block_e, dtype=torch.float32, device=x.device), route_flags(x.device), e, n, eps,  # scratch
+        torch.empty(m * block_e, dtype=torch.float32, device=x.device), e, n, eps,  # the ranks' scratch
         1.0 / ROUTER_SCALE, h.stride(0), TOP_K=top_k, SOFTMAX=scoring == "softmax", RENORM=renormalize,
         HAS_BIAS=selection_bias is not None, BLOCK_E=block_e,
-        BLOCK_K=rstd_block(n) or min(1024, next_pow2(n)), CHUNK=chunk, num_warps=warps,
-        SIGNAL=signal and launch["PDL"], **launch)
+        BLOCK_K=rstd_block(n) or min(1024, next_pow2(n)), CHUNK=chunk, num_warps=warps, **pdl(x))
     return h, logits, ids, weights
 
 

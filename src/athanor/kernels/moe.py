@@ -20,17 +20,7 @@ from torch import Tensor
 
 from athanor.errors import ConfigError
 from athanor.kernels.activation import silu_mul
-from athanor.kernels.dispatch import (
-    Impl,
-    cdiv,
-    interpreting,
-    next_pow2,
-    pdl,
-    route_flags,
-    rstd_block,
-    tickets,
-    use_triton,
-)
+from athanor.kernels.dispatch import Impl, cdiv, interpreting, next_pow2, pdl, rstd_block, tickets, use_triton
 from athanor.kernels.norm import rms_norm_torch
 
 BACKENDS = ("loop", "grouped_mm", "triton")
@@ -244,7 +234,7 @@ INTERPRETED: dict[str, int] = {"BLOCK_N": 16, "BLOCK_K": 32, "PREFETCH": 0}
 def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits, *, w2: Tensor | None = None,
                 up: Tensor | None = None, norm_weight: Tensor | None = None, eps: float = 0.0,
                 topk_weights: Tensor | RouterLogits | None = None, residual: Tensor | None = None,
-                settled: bool = False, spin: bool = False, impl: Impl = None) -> Tensor:
+                settled: bool = False, impl: Impl = None) -> Tensor:
     """The routed experts of a few decode tokens, with no grouping and no host sync: every (token,
     choice) pair multiplies its input row by its expert's weight, read by id on the device.
 
@@ -260,9 +250,6 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits, *, w2: Te
     `settled` (a PDL schedule hint; no effect without PDL): topk_ids and topk_weights were written before
     the launch just before this one, and that launch is an `expert_gemv` (the gate/up call before the
     down call): the kernel then reads the ids and its first weight tile before waiting for that launch.
-    `spin` (under PDL): the ids come from `linear_route(signal=True)` launched just before; without `settled` the
-    programs poll their token's flag for them instead of waiting for that launch to end, with `settled` (the down
-    call after such a gate/up) the flags are lowered after the wait (`jit.expert_gemv`).
     """
     if isinstance(topk_ids, RouterLogits):
         router, t, k = topk_ids, topk_ids.logits.shape[0], topk_ids.top_k
@@ -314,8 +301,7 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits, *, w2: Te
     weights = topk_weights.contiguous() if isinstance(topk_weights, Tensor) else y
     args = (x, up if up is not None else x, w, second, ids, weights,
             norm_weight if norm_weight is not None else x, residual if residual is not None else y,
-            y, workspace, tickets(x.device), bias if bias is not None else y, route_flags(x.device), n, n2, kk,
-            num_experts, eps,
+            y, workspace, tickets(x.device), bias if bias is not None else y, n, n2, kk, num_experts, eps,
             x.stride(0), w.stride(0), w.stride(1), second.stride(0), second.stride(1),
             residual.stride(0) if residual is not None else 0, y.stride(0), ids.stride(0))
     flags = {"SHARED": shared, "NORM": norm_weight is not None, "SILU": up is not None, "SUM": topk_weights is not None,
@@ -324,8 +310,6 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits, *, w2: Te
              "RENORM": router is not None and router.renormalize, "HAS_BIAS": bias is not None,
              "BLOCK_E": next_pow2(max(num_experts, 1)), "CHUNK": min(32, next_pow2(max(num_experts, 1))),
              "RSTD_BLOCK": rstd_block(kk), **pdl(x)}
-    if spin and flags["PDL"]:
-        flags["RESET" if settled else "SPIN"] = True
     if interpreting():
         block = INTERPRETED["BLOCK_N"]
         grid = (cdiv(n, block) + cdiv(n2, block), t * k)
@@ -342,13 +326,11 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits, *, w2: Te
 
 
 def routed_experts(h: Tensor, w: Tensor, w2: Tensor | None, w_down: Tensor, topk_ids: Tensor | RouterLogits,
-                   topk_weights: Tensor | RouterLogits, norm_weight: Tensor, eps: float, impl: Impl = None,
-                   signaled: bool = False) -> Tensor:
+                   topk_weights: Tensor | RouterLogits, norm_weight: Tensor, eps: float, impl: Impl = None) -> Tensor:
     """h + the routed experts' MLP of a few decode tokens (their ids and weights given) in two `expert_gemv` calls:
     gate and up of rms_norm(h, norm_weight) in one (w: [E, 2 * NI, H] both, or the gate with w2 the up), then the
-    down projections weighted, summed and added to h in the other (`settled`: it reads the ids before its wait).
-    `signaled`: the ids come from `linear_route(signal=True)` just before (`expert_gemv(spin=True)`)."""
-    gate_up = expert_gemv(h, w, topk_ids, w2=w2, norm_weight=norm_weight, eps=eps, spin=signaled, impl=impl)
+    down projections weighted, summed and added to h in the other (`settled`: it reads the ids before its wait)."""
+    gate_up = expert_gemv(h, w, topk_ids, w2=w2, norm_weight=norm_weight, eps=eps, impl=impl)
     width = gate_up.shape[1] // 2
     return expert_gemv(gate_up[:, :width], w_down, topk_ids, up=gate_up[:, width:], topk_weights=topk_weights,
-                       residual=h, settled=True, spin=signaled, impl=impl)
+                       residual=h, settled=True, impl=impl)

@@ -11,12 +11,12 @@ import triton.language as tl
 
 from athanor.kernels.jit.fused_gemv import gemv_epilogue, input_rstd, stream_row, tile_sums
 from athanor.kernels.jit.moe import route_choice
-from athanor.kernels.jit.tickets import last_of_group, wait_flag
+from athanor.kernels.jit.tickets import last_of_group
 
 
 @triton.jit
 def expert_gemv_kernel(
-    X, X2, W, W2, IDS, TOPW, NW, R, Y, WS, TICKETS, RB, FLAGS,
+    X, X2, W, W2, IDS, TOPW, NW, R, Y, WS, TICKETS, RB,
     N, N2, K, E, eps,
     x_s0, w_se, w_sn, w2_se, w2_sn, r_s0, y_s0, ids_s0,
     SHARED: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr, SUM: tl.constexpr, RESIDUAL: tl.constexpr,
@@ -24,7 +24,7 @@ def expert_gemv_kernel(
     ROUTE: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, RSTD_BLOCK: tl.constexpr,
-    PREFETCH: tl.constexpr = 0, SPIN: tl.constexpr = False, RESET: tl.constexpr = False,
+    PREFETCH: tl.constexpr = 0,
 ):
     """A few tokens' routed experts, their ids read on the device: grid (strips of N + N2, tokens * TOP_K).
 
@@ -47,20 +47,12 @@ def expert_gemv_kernel(
     kernel, or the logits from the router's GEMV), unless SETTLED (see `expert_gemv`): then it reads them and
     its first weight tile first.
     Either way it lets the next kernel start right after its wait, so a SETTLED launch after this one
-    finds every kernel before this one finished.
-
-    SPIN (under PDL, not SETTLED): instead of that wait, the program polls its token's flag in FLAGS, raised by the
-    routing kernel once the ids are stored (`route_sums_kernel(SIGNAL)`), and goes on before that launch has ended.
-    RESET (the SETTLED down projection after such a gate/up): after its wait, when every gate/up program is past its
-    poll, the token's flag is lowered for the next layer's routing."""
+    finds every kernel before this one finished."""
+    if PDL and not SETTLED:
+        tl.extra.cuda.gdc_wait()
     pid_n = tl.program_id(0)
     pair = tl.program_id(1)
     token = pair // TOP_K
-    if PDL and not SETTLED:
-        if SPIN:
-            wait_flag(FLAGS + token, 1 << 16)
-        else:
-            tl.extra.cuda.gdc_wait()
     strips1 = tl.cdiv(N, BLOCK_N)
     second = pid_n >= strips1
     col = (pid_n - strips1 * second.to(tl.int32)) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -77,8 +69,6 @@ def expert_gemv_kernel(
     if PDL:
         if SETTLED:
             tl.extra.cuda.gdc_wait()
-            if RESET and (pid_n == 0) & (pair % TOP_K == 0):
-                tl.atomic_xchg(FLAGS + token, 0)
         tl.extra.cuda.gdc_launch_dependents()
     row = token if SHARED else pair
     rm = tl.arange(0, 1)

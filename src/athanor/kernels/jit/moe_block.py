@@ -36,7 +36,7 @@ import triton.language as tl
 from athanor.kernels.jit.expert_gemv import expert_rows
 from athanor.kernels.jit.fused_gemv import k_range, row_input, strip_end, tile_sums
 from athanor.kernels.jit.router_gemv import add_router_share, route_sums_row, router_strip
-from athanor.kernels.jit.tickets import last_of_group, pause
+from athanor.kernels.jit.tickets import last_of_group
 
 
 @triton.jit
@@ -312,13 +312,21 @@ def _down_input(it, total, pid, programs, tiles, strips, GU, NI, gu_s0, TOP_K: t
 
 
 @triton.jit
+def _pause():
+    """About 100 ns of sleep between two polls of a count: hundreds of programs polling one address without pause
+    queue in front of the arrivals they wait for. Returns 1."""
+    return tl.inline_asm_elementwise("nanosleep.u32 100;\n mov.u32 $0, 1;", "=r,r", [tl.program_id(0)],
+                                     dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _wait(COUNT, target, GAVE_UP, SPINS: tl.constexpr):
     """Poll COUNT until it reaches target (then acquire: what was released before it is seen), or give up after
     SPINS polls and set GAVE_UP."""
     seen = tl.load(COUNT, volatile=True)
     spins = 0
     while (seen < target) & (spins < SPINS):
-        spins += pause()
+        spins += _pause()
         seen = tl.load(COUNT, volatile=True)
     if seen < target:
         tl.atomic_xchg(GAVE_UP, 1)

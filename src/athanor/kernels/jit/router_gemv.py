@@ -12,7 +12,7 @@ import triton.language as tl
 
 from athanor.kernels.jit.fused_gemv import gemv_configs, gemv_strip, row_rstd
 from athanor.kernels.jit.moe import rank_logits, route_row
-from athanor.kernels.jit.tickets import last_of_group, raise_flag
+from athanor.kernels.jit.tickets import last_of_group
 
 
 @triton.jit
@@ -87,16 +87,15 @@ def add_router_share(rw, Y, SUMS, rn, n_mask, M, E, scale, y_s0, BLOCK_E: tl.con
 
 @triton.jit
 def route_sums_kernel(
-    SUMS, H, LOGITS, RB, IDS, TOPW, CHOOSERS, FLAGS, E, K, eps, inv_scale, h_s0,
+    SUMS, H, LOGITS, RB, IDS, TOPW, CHOOSERS, E, K, eps, inv_scale, h_s0,
     TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr, SIGNAL: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr,
 ):
     """One token's routing from the sums `fused_gemv_router_kernel` left: its logits are rstd(H row) * SUMS row /
     scale, rounded to H's dtype as the router GEMV's output is (stored in LOGITS), then what `route_kernel` does
     (ranked by `rank_logits`, CHUNK rivals at a time from CHOOSERS [rows, BLOCK_E], or all at once with CHUNK 0:
     `gemv.route_chunk`).
-    The sums are zeroed for the next launch (CUDA-graph replays included). SIGNAL: the row's flag in FLAGS is raised
-    once its ids and weights are stored (the experts' gate/up programs poll it: `expert_gemv(spin=True)`)."""
+    The sums are zeroed for the next launch (CUDA-graph replays included)."""
     if PDL:  # the expert kernel after may become resident now; the sums come from the kernel before
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -104,8 +103,6 @@ def route_sums_kernel(
     route_sums_row(SUMS + row * E, H + row * h_s0, LOGITS + row * E, RB, IDS + row * TOP_K, TOPW + row * TOP_K, LOGITS,
                    CHOOSERS + row * BLOCK_E, E, K, eps, inv_scale, TOP_K, SOFTMAX, RENORM, HAS_BIAS, BLOCK_E, BLOCK_K,
                    CHUNK, False)
-    if SIGNAL:
-        raise_flag(FLAGS + row)
 
 
 @triton.jit

@@ -38,7 +38,6 @@ from athanor.kernels import (
     rope,
     rope_and_cache,
     rope_cache_attention,
-    route_signal,
     routed_experts,
     router_topk,
     use_triton,
@@ -395,13 +394,10 @@ class FastForward:
             if layer.moe and not layer.has_mlp and OPTIONS["routing"] == "triton_o_epilogue":
                 moe = self.spec.moe
                 assert moe is not None
-                # The router's logits summed by the O projection as it writes h: no router GEMV launch. The experts'
-                # gate/up programs poll for the ids instead of waiting for the routing launch to end (`route_signal`).
-                signal = route_signal(h)
+                # The router's logits summed by the O projection as it writes h: no router GEMV launch.
                 h, _, ids, weights = linear_route(attn.flatten(1), layer.wo, h, layer.router, layer.mlp_norm,
-                                                  self.eps, moe.top_k, moe.scoring, moe.renormalize, layer.router_bias,
-                                                  signal=signal)
-                h = self._experts_fused(i, layer, h, ids, weights, signaled=signal)
+                                                  self.eps, moe.top_k, moe.scoring, moe.renormalize, layer.router_bias)
+                h = self._experts_fused(i, layer, h, ids, weights)
                 continue
             h = fused_linear(attn.flatten(1), layer.wo, residual=h)
             if layer.moe:
@@ -461,16 +457,14 @@ class FastForward:
         return block.out
 
     def _experts_fused(self, i: int, layer: Layer, h: Tensor, topk_ids: Tensor | RouterLogits,
-                       topk_weights: Tensor | RouterLogits, signaled: bool = False) -> Tensor:
-        """h + the routed experts of `_moe_fused`, their ids and weights given (`signaled`: by `linear_route`'s
-        flags)."""
+                       topk_weights: Tensor | RouterLogits) -> Tensor:
+        """h + the routed experts of `_moe_fused`, their ids and weights given."""
         if self.routing_observer is not None:
             assert isinstance(topk_ids, Tensor)
             self.routing_observer(i, topk_ids)
         gate_up_w = layer.experts_gate_up
         w, w2 = gate_up_w if isinstance(gate_up_w, tuple) else (gate_up_w, None)
-        return routed_experts(h, w, w2, layer.experts_down, topk_ids, topk_weights, layer.mlp_norm, self.eps,
-                              signaled=signaled)
+        return routed_experts(h, w, w2, layer.experts_down, topk_ids, topk_weights, layer.mlp_norm, self.eps)
 
     def decode(self, batch: DecodeBatch) -> Tensor:
         return self._decode_layers(batch.tokens, batch.positions, batch.slots)
