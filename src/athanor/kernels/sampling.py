@@ -33,18 +33,40 @@ def greedy(logits: Tensor, impl: Impl = None) -> Tensor:
         return out
     assert rows <= 1 << 16, "one ticket per row"
     block = 256 if interpreting() else 1024
-    # Logits a program takes: ATHANOR_ARGMAX_CHUNK (a multiple of 1024, read at each launch for A/B runs) on a GPU.
-    chunk = 2 * block if interpreting() else int(os.environ.get("ATHANOR_ARGMAX_CHUNK", 2 * block))
-    assert chunk % block == 0, "ATHANOR_ARGMAX_CHUNK must be a multiple of 1024"
+    chunk = 2 * block  # 4096 measured the same in the step (`bench/results/route-signal-71ce0f5/`)
     parts = cdiv(vocab, chunk)
     values = torch.empty(rows * parts, dtype=torch.float32, device=logits.device)
     indices = torch.empty(rows * parts, dtype=torch.int32, device=logits.device)
     # Under programmatic dependent launch the argmax's programs wait resident for the LM head instead of launching
-    # after it; ATHANOR_ARGMAX_PDL=0 launches it plainly (read at each launch, for A/B runs in one process).
+    # after it; ATHANOR_ARGMAX_PDL=0 launches it plainly (read at each launch, for A/B runs in one process). Measured
+    # neutral on qwen3-30b-a3b's step (2.4451 ms without, 2.4448-2.4474 with; `bench/results/route-signal-71ce0f5/`).
     launch = pdl(logits) if os.environ.get("ATHANOR_ARGMAX_PDL", "1") != "0" else {"PDL": False}
     argmax_kernel[(rows, parts)](logits, out, values, indices, tickets(logits.device), logits.stride(0), vocab,
                                  CHUNK=chunk, BLOCK=block, PARTS_P2=next_pow2(parts), **launch)
     return out
+
+
+COPY_BLOCK = 4096
+"""2-byte words a program of `copy_outputs` copies (8 KB)."""
+
+
+def copy_outputs(tokens: Tensor, logits: Tensor, impl: Impl = None) -> tuple[Tensor, Tensor]:
+    """Copies of a decode step's tokens [B] and logits [B, V] (the caller keeps them; the step's buffers are
+    overwritten by the next replay). On a GPU one Triton launch copies both, as 2-byte words (a bit copy: no float
+    conversion touches a token's bytes), where two clones are two copies and a gap between them a step; two clones
+    elsewhere, and for what the kernel does not take (non-contiguous or odd-sized logits, > 1024 rows). The engine
+    passes impl="torch" off the GPU (never Triton's CPU interpreter, which tests switch on process-wide)."""
+    words = torch.int16
+    if (not use_triton(logits, impl) or not (tokens.is_contiguous() and logits.is_contiguous())
+            or logits.element_size() % 2 or 4 * tokens.numel() > COPY_BLOCK or logits.numel() == 0):
+        return tokens.clone(), logits.clone()
+    from athanor.kernels.jit.sampling import copy_two_kernel
+
+    out_tokens, out_logits = torch.empty_like(tokens), torch.empty_like(logits)
+    a, b = tokens.view(words), logits.view(words)
+    copy_two_kernel[(cdiv(b.numel(), COPY_BLOCK),)](a, out_tokens.view(words), a.numel(), b, out_logits.view(words),
+                                                    b.numel(), BLOCK=COPY_BLOCK)
+    return out_tokens, out_logits
 
 
 def sample_top_k_top_p(logits: Tensor, temperature: Tensor, top_p: Tensor, seeds: Tensor, positions: Tensor,
