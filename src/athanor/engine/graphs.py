@@ -16,7 +16,6 @@ from __future__ import annotations
 import bisect
 import functools
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +24,6 @@ from torch import Tensor
 
 from athanor.errors import CandidateError
 from athanor.kernels.dispatch import HAS_TRITON
-from athanor.kernels.sampling import copy_outputs
 from athanor.kernels.sampling import greedy as argmax
 from athanor.model import DecodeBatch, Forward
 from athanor.model.sampling import sample
@@ -101,9 +99,6 @@ class DecodeRunner:
         self._pool: Any = None  # the graphs' shared memory pool handle
         self._last: tuple[int, int, bool] | None = None
         """(rows, bucket, greedy) of the last graph replayed (what `step_again` continues)."""
-        self._one_copy = device.type == "cuda" and HAS_TRITON and os.environ.get("ATHANOR_OUTPUT_COPIES") != "2"
-        """A replay's tokens and logits copied for the caller in one launch (`copy_outputs`), not two clones;
-        ATHANOR_OUTPUT_COPIES=2 clones them (read when the runner is made, for A/B runs in one process)."""
 
     @property
     def captured(self) -> bool:
@@ -179,13 +174,8 @@ class DecodeRunner:
             return tokens, logits, False
         graph, out_tokens, out_logits = staged
         graph.replay()
-        return *self._outputs(int(x.tokens.shape[0]), out_tokens, out_logits), True
-
-    def _outputs(self, rows: int, tokens: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
-        """The caller's copies of a replay's first `rows` tokens and logits (the next replay overwrites the graph's)."""
-        if self._one_copy:
-            return copy_outputs(tokens[:rows], logits[:rows], impl="triton")
-        return tokens[:rows].clone(), logits[:rows].clone()
+        num_rows = int(x.tokens.shape[0])
+        return out_tokens[:num_rows].clone(), out_logits[:num_rows].clone(), True
 
     def step_again(self) -> tuple[Tensor, Tensor] | None:
         """The next decode step of the rows the last replayed graph ran, queued with no host round trip:
@@ -200,7 +190,7 @@ class DecodeRunner:
         b.tokens[:rows].copy_(out_tokens[:rows])
         torch._foreach_add_([b.positions[:rows], b.seq_lens[:rows]], 1)  # one launch for both
         graph.replay()
-        return self._outputs(rows, out_tokens, out_logits)
+        return out_tokens[:rows].clone(), out_logits[:rows].clone()
 
     def release(self) -> None:
         """Drop the graphs (and with them their memory pool) and the candidate's forward."""

@@ -38,7 +38,7 @@ from athanor.kernels.moe_block import MoeBlockOutput, moe_block
 from athanor.kernels.norm import add_rms_norm, rms_norm
 from athanor.kernels.per_seq_attention import decode_attention_per_seq
 from athanor.kernels.rope import KVWrite, rope, rope_and_cache
-from athanor.kernels.sampling import copy_outputs, greedy, sample_top_k_top_p
+from athanor.kernels.sampling import greedy, sample_top_k_top_p
 
 __all__ = [
     "HAS_TRITON",
@@ -47,7 +47,6 @@ __all__ = [
     "MoeBlockOutput",
     "RouterLogits",
     "add_rms_norm",
-    "copy_outputs",
     "decode_attention",
     "decode_attention_flex",
     "decode_attention_per_seq",

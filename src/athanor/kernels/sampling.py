@@ -46,29 +46,6 @@ def greedy(logits: Tensor, impl: Impl = None) -> Tensor:
     return out
 
 
-COPY_BLOCK = 4096
-"""2-byte words a program of `copy_outputs` copies (8 KB)."""
-
-
-def copy_outputs(tokens: Tensor, logits: Tensor, impl: Impl = None) -> tuple[Tensor, Tensor]:
-    """Copies of a decode step's tokens [B] and logits [B, V] (the caller keeps them; the step's buffers are
-    overwritten by the next replay). On a GPU one Triton launch copies both, as 2-byte words (a bit copy: no float
-    conversion touches a token's bytes), where two clones are two copies and a gap between them a step; two clones
-    elsewhere, and for what the kernel does not take (non-contiguous or odd-sized logits, > 1024 rows). The engine
-    passes impl="torch" off the GPU (never Triton's CPU interpreter, which tests switch on process-wide)."""
-    words = torch.int16
-    if (not use_triton(logits, impl) or not (tokens.is_contiguous() and logits.is_contiguous())
-            or logits.element_size() % 2 or 4 * tokens.numel() > COPY_BLOCK or logits.numel() == 0):
-        return tokens.clone(), logits.clone()
-    from athanor.kernels.jit.sampling import copy_two_kernel
-
-    out_tokens, out_logits = torch.empty_like(tokens), torch.empty_like(logits)
-    a, b = tokens.view(words), logits.view(words)
-    copy_two_kernel[(cdiv(b.numel(), COPY_BLOCK),)](a, out_tokens.view(words), a.numel(), b, out_logits.view(words),
-                                                    b.numel(), BLOCK=COPY_BLOCK)
-    return out_tokens, out_logits
-
-
 def sample_top_k_top_p(logits: Tensor, temperature: Tensor, top_p: Tensor, seeds: Tensor, positions: Tensor,
                        top_k: int) -> Tensor:
     """Next tokens [B] int64: greedy where temperature <= 0, else temperature, top-k, then top-p.

@@ -32,10 +32,11 @@ pays too: qwen3-30b-a3b 2.522, 2.520 with both against 2.554, 2.555 (2.530 with 
 alone 2.561, 2.560 against 2.558, 2.560); llama-3.2-1b 0.872, 0.873 against 0.876, 0.876 but llama-3.1-8b 4.214
 against 4.149 (alternating, one call each; `bench/results/split-early-6ac56a9/`).
 `lm_head` (the final norm inside a Triton LM head) and `embedding` (a gather that lets the first QKV GEMV launch under
-it) for MoE: qwen3-30b-a3b 2.408, 2.408 with both against 2.424, 2.421 (2.409, 2.410 with the LM head alone, 2.420,
-2.421 with the gather alone; alternating, one call, `bench/results/lm-head-ab31ad2/`): the Triton GEMV streams the
-622 MB vocabulary weight at ~4.5 TB/s where cuBLAS read it at ~4.2 (138 against 147 us on the step's critical path)
-and the norm kernel and cuBLAS's memset go.
+it): qwen3-30b-a3b 2.408, 2.408 with both against 2.424, 2.421 (2.409, 2.410 with the LM head alone, 2.420, 2.421 with
+the gather alone; alternating, one call, `bench/results/lm-head-ab31ad2/`): the Triton GEMV streams the 622 MB
+vocabulary weight at ~4.5 TB/s where cuBLAS read it at ~4.2 (138 against 147 us on the step's critical path) and the
+norm kernel and cuBLAS's memset go; llama-3.2-1b 0.869, 0.870 against 0.880, 0.881 and llama-3.1-8b 4.167 against 4.188
+(alternating, one call, `bench/results/step-copies-ccf91f1/`).
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ BEST_CUDA: dict[str, Any] = {
     "compile": None,
     "graphs": True,
     "merge_early": True,
+    "lm_head": "triton_fused",
+    "embedding": "triton",
 }
 
 BEST_CPU: dict[str, Any] = {
@@ -87,7 +90,6 @@ def best_options(spec: ModelSpec, device: str = "cuda", lossy: bool = False) -> 
         if device.startswith("cuda"):  # the router's sums in the O projection; the merge launched as attention starts
             options["routing"] = "triton_o_epilogue"
             options["early_keys"] = options["split_early"] = True
-            options["lm_head"], options["embedding"] = "triton_fused", "triton"
     if lossy:
         options["linear_dtype"] = "bfloat16"
     return options

@@ -37,9 +37,12 @@ PINNED: dict[str, dict[str, dict[tuple[Any, ...], Pin]]] = {
             (1, 4096, 4096, False, False, True, True, True): ({'BLOCK_N': 8, 'BLOCK_K': 1024, 'SPLIT_K': 1}, 4, 2),
             (1, 28672, 4096, True, False, False, True, True): ({'BLOCK_N': 4, 'BLOCK_K': 1024, 'SPLIT_K': 1}, 4, 3),
             (1, 4096, 14336, False, True, True, True, True): ({'BLOCK_N': 32, 'BLOCK_K': 256, 'SPLIT_K': 4}, 4, 3),
-            # qwen3-30b-a3b's LM head with the final norm inside (lm_head=triton_fused): the autotuner's pick, 138 us
-            # (~4.5 TB/s); none of its configs beat it in the step (`bench/results/route-signal-71ce0f5/`)
+            # The LM heads with the final norm inside (lm_head=triton_fused): the autotuner's picks in the runs measured
+            # (`bench/results/lm-head-ab31ad2/`, `bench/results/step-copies-ccf91f1/`); qwen3-30b-a3b's 138 us (~4.5 TB/s),
+            # none of its configs faster in the step (`bench/results/route-signal-71ce0f5/`)
             (1, 151936, 2048, True, False, False, True, True): ({'BLOCK_N': 8, 'BLOCK_K': 2048, 'SPLIT_K': 1}, 4, 1),
+            (1, 128256, 2048, True, False, False, True, True): ({'BLOCK_N': 8, 'BLOCK_K': 1024, 'SPLIT_K': 1}, 4, 2),
+            (1, 128256, 4096, True, False, False, True, True): ({'BLOCK_N': 4, 'BLOCK_K': 4096, 'SPLIT_K': 1}, 4, 1),
         },
         "fused_gemv_rope_kernel": {
             (1, 5120, 2048, True, True, False): ({'BLOCK_N': 8, 'BLOCK_K': 1024, 'SPLIT_K': 1}, 4, 2),

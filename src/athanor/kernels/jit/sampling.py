@@ -43,15 +43,3 @@ def argmax_kernel(LOGITS, OUT, WS_VAL, WS_IDX, TICKETS, l_s0, V,
         top = tl.max(vals, axis=0)
         tl.store(OUT + row, tl.min(tl.where(vals == top, idxs, V), axis=0).to(tl.int64))
         tl.atomic_xchg(TICKETS + row, 0)
-
-
-@triton.jit
-def copy_two_kernel(A, A_OUT, NA, B, B_OUT, NB, BLOCK: tl.constexpr):
-    """A_OUT[:NA] = A[:NA] and B_OUT[:NB] = B[:NB] (flat, of one integer dtype: a bit copy) in one launch: grid
-    cdiv(NB, BLOCK), its first program copying A too (NA <= BLOCK)."""
-    pid = tl.program_id(0)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    tl.store(B_OUT + offs, tl.load(B + offs, mask=offs < NB), mask=offs < NB)
-    if pid == 0:
-        a = tl.arange(0, BLOCK)
-        tl.store(A_OUT + a, tl.load(A + a, mask=a < NA), mask=a < NA)
