@@ -146,12 +146,14 @@ MOVES: tuple[Move, ...] = (
          doc="With gemv='triton_fused', at the rows it takes: the final RMSNorm inside the LM head's GEMV (the fused "
              "GEMV with its norm prologue) instead of a norm kernel and then cuBLAS (MKL on a CPU): one launch fewer, "
              "and under programmatic dependent launch the LM head's programs load their first weight tiles while "
-             "the last layer ends. Pays only if the Triton GEMV streams the vocabulary's weight as fast as cuBLAS "
-             "(on an H200 cuBLAS reads it at ~4.2 TB/s, the copy bandwidth)."),
+             "the last layer ends. H200, batch 1: qwen3-30b-a3b's LM head 138 us (~4.5 TB/s) against cuBLAS's 147 "
+             "(~4.2), the step 2.409 vs 2.424 ms; with embedding='triton' too llama-3.2-1b 0.869 vs 0.880, "
+             "llama-3.1-8b 4.167 vs 4.188."),
     Move("embedding", ("torch", "triton"), "torch",
          doc="The decode step's token embedding as a Triton gather that, under programmatic dependent launch, lets "
              "the next kernel launch as it starts: the first layer's QKV GEMV loads its first weight tiles while "
-             "the rows are gathered (after F.embedding's kernel it launches only as that ends). Changes no value."),
+             "the rows are gathered (after F.embedding's kernel it launches only as that ends). H200, batch 1: "
+             "qwen3-30b-a3b 2.420 vs 2.424 ms. Changes no value."),
     Move("linear_dtype", (None, "bfloat16"), None, lossy=True,
          doc="Linear layers (every projection, the dense and shared-expert MLPs, the LM head) run on bf16 copies "
              "of their weights made in build(): activations are cast to bf16 and each result back to the model "
