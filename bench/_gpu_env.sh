@@ -39,7 +39,10 @@ print(render("fast", opts))' "${@:2}" > "$1"
 }
 
 gpu_tests() {  # gpu_tests SECONDS EXPR [PATTERN]: the GPU kernel tests matching -k EXPR into $OUT/gpu_tests.log, then
-  # its summary lines (and those matching PATTERN: the tests' printed timings)
-  timeout "$1" python3 -m pytest -q -s -m gpu tests/gpu/test_kernels_gpu.py tests/gpu/test_moe_gpu.py -k "$2" > "$OUT/gpu_tests.log" 2>&1
+  # its summary lines (and those matching PATTERN: the tests' printed timings); GPU_TEST_FILES names other test files
+  # (by default the kernels' and MoE's; e.g. tests/gpu/test_engine_gpu.py tests/gpu/test_serve_gpu.py too)
+  # shellcheck disable=SC2086
+  timeout "$1" python3 -m pytest -q -s -m gpu ${GPU_TEST_FILES:-tests/gpu/test_kernels_gpu.py tests/gpu/test_moe_gpu.py} \
+    -k "$2" > "$OUT/gpu_tests.log" 2>&1
   grep -E "passed|failed|FAILED|Error${3:+|$3}" "$OUT/gpu_tests.log" | tail -8
 }

@@ -8,11 +8,8 @@
 source "$(dirname "$0")/_gpu_env.sh"
 routing=${ROUTING:-.routing/qwen3-30b-a3b_gsm8k_en.json}
 [ -f "$routing" ] || routing=""
-if [ -n "${TESTS:-}" ]; then
-  timeout 200 python3 -m pytest -q -s -m gpu tests/gpu/test_engine_gpu.py tests/gpu/test_serve_gpu.py \
-    tests/gpu/test_kernels_gpu.py tests/gpu/test_moe_gpu.py -k "$TESTS" > "$OUT/gpu_tests.log" 2>&1
-  grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tests.log" | tail -6
-fi
+[ -n "${TESTS:-}" ] && GPU_TEST_FILES="tests/gpu/test_engine_gpu.py tests/gpu/test_serve_gpu.py tests/gpu/test_kernels_gpu.py
+  tests/gpu/test_moe_gpu.py" gpu_tests 200 "$TESTS"
 mkdir -p /tmp/d
 cells=""
 for r in 1 2 3; do variant /tmp/d/best_1b_$r.py llama-3.2-1b; cells=$cells,llama-3.2-1b:/tmp/d/best_1b_$r.py:1:1024; done
