@@ -187,6 +187,40 @@ def test_embedding_then_a_pdl_gemv_in_a_graph(dev):
         assert torch.equal(out, expected), token
 
 
+@pytest.mark.parametrize(("n", "k"), [(151936, 2048), (128256, 2048), (128256, 4096)])
+def test_greedy_lm_head_in_a_graph(dev, n, k):
+    """The LM head with the argmax in its epilogue (`lm_head=triton_greedy`) at the models' shapes, captured after a
+    PDL GEMV that makes its input: its logits are the plain fused LM head's, bit for bit, and its tokens their
+    argmax, replay after replay, ties to the first column (the maximum copied to two earlier rows of the weight)."""
+    from athanor.kernels import fused_linear, fused_linear_argmax, greedy
+
+    bf = {"device": dev, "dtype": torch.bfloat16}
+    x, w_in = torch.randn(1, k, **bf), torch.randn(k, k, **bf) * k**-0.5
+    w, nw = torch.randn(n, k, **bf) * k**-0.5, torch.randn(k, **bf)
+
+    def step() -> tuple[torch.Tensor, torch.Tensor]:
+        return fused_linear_argmax(fused_linear(x, w_in, impl="triton"), w, nw, 1e-6)
+
+    step()  # autotuning outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tokens, logits = step()
+    for i in range(4):
+        x.copy_(torch.randn(1, k, **bf))
+        if i == 3:
+            top = int(fused_linear(fused_linear(x, w_in), w, norm_weight=nw, eps=1e-6).argmax())
+            w[[top // 3, 2 * top // 3]] = w[top]  # two more copies of the maximum's row, before it
+        graph.replay()
+        expected = fused_linear(fused_linear(x, w_in, impl="triton"), w, norm_weight=nw, eps=1e-6, impl="triton")
+        assert torch.equal(logits, expected), i
+        assert torch.equal(tokens, greedy(expected)) and torch.equal(tokens, expected.argmax(-1)), i
+    assert int(tokens) == top // 3
+    ours = graph_time_ms(step)
+    plain = graph_time_ms(lambda: greedy(fused_linear(fused_linear(x, w_in, impl="triton"), w, norm_weight=nw,
+                                                      eps=1e-6, impl="triton")))
+    print(f"greedy LM head {n}x{k} after a {k}x{k} GEMV: {ours * 1000:.1f} us; fused LM head + argmax {plain * 1000:.1f} us")
+
+
 def test_route_rope_and_greedy_bf16(dev):
     from athanor.kernels import greedy, rope_and_cache, route
 
@@ -273,6 +307,50 @@ def test_best_candidate_matches_reference_in_bf16(dev, preset, fused_rows, tmp_p
     top2 = truth.topk(2, dim=-1).values
     decided = top2[:, 0] - top2[:, 1] > 2 * (ref - truth).abs().amax(dim=-1)
     assert (cand.argmax(-1) == truth.argmax(-1))[decided & counted].all()
+
+
+@pytest.mark.parametrize("preset", ["llama-3.2-1b", "qwen3-30b-a3b"])
+def test_greedy_lm_head_candidate_in_captured_steps(dev, preset, tmp_path):
+    """The best-known candidate with `lm_head=triton_greedy` through the engine's DecodeRunner (captured greedy
+    graphs, steps chained on the device as serving chains them): every step's tokens are its logits' argmax, and the
+    logits are those of the same candidate with the engine's argmax (`triton_fused`), bit for bit."""
+    import importlib.util
+
+    from athanor.engine.graphs import DecodeRunner, StepInputs
+    from athanor.model import BuildContext, make_prefill_batch
+    from athanor.model.presets import PRESETS
+    from athanor.model.random_init import random_model
+    from athanor.moves import best_options, render
+
+    model = random_model(PRESETS[preset].with_layers(2), device=dev, dtype=torch.bfloat16)
+    runs = []
+    for lm_head in ("triton_fused", "triton_greedy"):
+        path = tmp_path / f"{lm_head}.py"
+        path.write_text(render("fast", {**best_options(model.spec), "lm_head": lm_head}))
+        spec = importlib.util.spec_from_file_location(f"greedy_lm_head_{preset}_{lm_head}", path)
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        forward = module.build(model, BuildContext(dev, torch.bfloat16, max_seqs=2, max_seq_len=128))
+        assert hasattr(forward, "decode_greedy") == (lm_head == "triton_greedy")
+        runner = DecodeRunner(forward, 2, model.spec.vocab_size, dev, (1,))
+        runner.capture()
+        forward.prefill(make_prefill_batch([[5, 6, 7, 8]], [0], device=dev))
+        pos = torch.tensor([4], device=dev)
+        zero = torch.zeros(1, device=dev)
+        tokens, logits, used = runner.step(StepInputs(torch.tensor([9], device=dev), pos, torch.tensor([0], device=dev),
+                                                      pos, zero, zero + 1, pos), greedy=True)
+        assert used
+        steps = [(tokens, logits)]
+        for _ in range(6):
+            again = runner.step_again()
+            assert again is not None
+            steps.append(again)
+        for tokens, logits in steps:
+            assert torch.equal(tokens, logits.argmax(-1))
+        runs.append(steps)
+        runner.release()
+    for (t_a, l_a), (t_b, l_b) in zip(*runs, strict=True):
+        assert torch.equal(l_a, l_b) and torch.equal(t_a, t_b)
 
 
 @pytest.mark.parametrize(("hq", "hkv", "d", "qk_norm", "hidden"), [(32, 8, 64, False, 2048), (32, 4, 128, True, 2048),

@@ -60,6 +60,15 @@ def check_logits(logits: object, num_rows: int, vocab_size: int, where: str) -> 
     return logits
 
 
+def check_tokens(tokens: object, num_rows: int, where: str) -> Tensor:
+    """`tokens` if it is an int64 tensor [num_rows], else a CandidateError that says what it is."""
+    if not isinstance(tokens, Tensor) or tuple(tokens.shape) != (num_rows,) or tokens.dtype != torch.long:
+        what = f"a {tokens.dtype} tensor of shape {list(tokens.shape)}" if isinstance(tokens, Tensor) else \
+            type(tokens).__name__
+        raise CandidateError(f"{where} returned {what} as its tokens, expected an int64 tensor [{num_rows}]")
+    return tokens
+
+
 def _argmax(logits: Tensor) -> Tensor:
     """The greedy tokens: one Triton launch on a GPU (~10 us less a step than PyTorch's reductions at a 128k
     vocabulary), `torch.argmax` elsewhere (never Triton's CPU interpreter, which tests switch on process-wide)."""
@@ -112,9 +121,19 @@ class DecodeRunner:
 
     def eager(self, x: StepInputs, greedy: bool = False) -> tuple[Tensor, Tensor]:
         """(next tokens [B], logits [B, vocab]) of one decode step, without graphs; `greedy`: every
-        row's temperature is <= 0 (the caller vouches), so the tokens are the argmax."""
+        row's temperature is <= 0 (the caller vouches), so the tokens are the argmax: the forward's own
+        `decode_greedy` where it has one (see `athanor.model.seam.Forward`), else the engine's argmax."""
         batch = DecodeBatch(x.tokens, x.positions, x.slots, x.seq_lens)
-        logits = check_logits(self.forward.decode(batch), int(x.tokens.shape[0]), self.vocab_size, "decode()")
+        rows = int(x.tokens.shape[0])
+        fused = getattr(self.forward, "decode_greedy", None) if greedy else None
+        if fused is not None:
+            out = fused(batch)
+            if not (isinstance(out, tuple) and len(out) == 2):
+                raise CandidateError(f"decode_greedy() returned {type(out).__name__}, expected (tokens [{rows}], "
+                                     f"logits [{rows}, {self.vocab_size}])")
+            tokens, logits = out[0], check_logits(out[1], rows, self.vocab_size, "decode_greedy()")
+            return check_tokens(tokens, rows, "decode_greedy()"), logits
+        logits = check_logits(self.forward.decode(batch), rows, self.vocab_size, "decode()")
         if greedy:
             return _argmax(logits), logits
         return sample(logits, x.temperature, x.top_p, x.seeds, x.positions), logits
@@ -131,7 +150,8 @@ class DecodeRunner:
         with torch.cuda.stream(stream):  # warm-up outside capture: lazy inits, autotuning, allocator
             for _ in range(2):
                 for rows in self.buckets:
-                    self.eager(self._view(rows))
+                    for greedy in (False, True):  # what each graph runs (a forward's `decode_greedy` included)
+                        self.eager(self._view(rows), greedy)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         for rows in reversed(self.buckets):
             for greedy in (False, True):

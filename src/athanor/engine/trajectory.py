@@ -22,7 +22,9 @@ from a checked one because there is no difference. Per step and candidate:
 - the garbage collector is off while steps run (a collection inside a timed step is noise);
 - a fingerprint of every logits row: P projections on seeded random unit directions, max,
   logsumexp and the log-probability of the next scripted token, plus the argmax; full logits
-  only for steps marked `keep_logits`.
+  only for steps marked `keep_logits`;
+- a forward that makes its own greedy tokens (`decode_greedy`) must return its logits' argmax,
+  else the trajectory ends in an error naming the rows.
 
 `probe` reports what the evaluator checks before and after: a digest of the weights, the
 namespaces a candidate changed (timing and comparison functions included), threads started by
@@ -47,6 +49,7 @@ from athanor.engine import protocol as p
 from athanor.engine.candidate import MODULE_PREFIX
 from athanor.engine.graphs import check_logits
 from athanor.engine.requests import BadRequest, validate_decode, validate_prefill
+from athanor.errors import CandidateError
 from athanor.model import Model, PrefillBatch
 
 if TYPE_CHECKING:
@@ -216,13 +219,25 @@ def _poison(resident: Resident) -> None:
         out_tokens.fill_(-1)
 
 
-def _run_one(engine: Engine, resident: Resident, x: Any, kind: str) -> tuple[Tensor, bool]:
+def _run_one(engine: Engine, resident: Resident, x: Any, kind: str) -> tuple[Tensor, Tensor | None, bool]:
+    """(logits, the step's greedy tokens (None for a prefill), whether a graph ran)."""
     if kind == "decode":  # script rows are greedy (`_as_run`): the argmax graph, as greedy serving runs
-        _, logits, used_graph = resident.runner.step(x, greedy=True)
-        return logits, used_graph
+        tokens, logits, used_graph = resident.runner.step(x, greedy=True)
+        return logits, tokens, used_graph
     batch: PrefillBatch = x[0]
     out = check_logits(resident.forward.prefill(batch), batch.num_seqs, engine.model.spec.vocab_size, "prefill()")
-    return out, False
+    return out, None, False
+
+
+def _check_tokens(resident: Resident, tokens: Tensor | None, argmax: Tensor) -> None:
+    """A forward that makes its own greedy tokens (`decode_greedy`) must hand back its logits' argmax: checked on every
+    run, timed ones included (they are the same runs), so a candidate cannot win by skipping or faking them."""
+    if tokens is None or getattr(resident.forward, "decode_greedy", None) is None:
+        return
+    if not torch.equal(tokens, argmax):
+        rows = (tokens != argmax).nonzero().flatten().tolist()
+        raise CandidateError(f"decode_greedy() returned tokens that are not the argmax of its logits (rows {rows}: "
+                             f"{tokens[rows].tolist()} against {argmax[rows].tolist()})")
 
 
 class _Timer:
@@ -234,23 +249,23 @@ class _Timer:
         self.cuda = self.device.type == "cuda"
         self.ahead = LAUNCH_AHEAD_CYCLES
 
-    def run(self, resident: Resident, x: Any, kind: str) -> tuple[Tensor, bool, float]:
-        """(logits [B, V], whether a graph ran, seconds)."""
+    def run(self, resident: Resident, x: Any, kind: str) -> tuple[Tensor, Tensor | None, bool, float]:
+        """(logits [B, V], greedy tokens [B] of a decode step, whether a graph ran, seconds)."""
         if not self.cuda:
             t = _clock()
-            logits, graph = _run_one(self.engine, resident, x, kind)
-            return logits, graph, _clock() - t
+            logits, tokens, graph = _run_one(self.engine, resident, x, kind)
+            return logits, tokens, graph, _clock() - t
         start, end = _Event(enable_timing=True), _Event(enable_timing=True)
         _cuda_sync(self.device)  # every stream, not only the engine's: nothing else runs in the window
         # Greedy rows (`_as_run`), as in `_run_one`; staged before the window opens.
         staged = resident.runner.stage(x, greedy=True) if kind == "decode" else None
         if staged is None:
             start.record()
-            logits, graph = _run_one(self.engine, resident, x, kind)
+            logits, tokens, graph = _run_one(self.engine, resident, x, kind)
             end.record()
             _cuda_sync(self.device)
-            return logits, graph, _elapsed_ms(start, end) / 1000
-        cuda_graph, _tokens, out_logits = staged
+            return logits, tokens, graph, _elapsed_ms(start, end) / 1000
+        cuda_graph, out_tokens, out_logits = staged
         _device_sleep(self.ahead)
         start.record()
         cuda_graph.replay()
@@ -258,7 +273,8 @@ class _Timer:
             self.ahead *= 2  # the device reached the start before the replay was queued: sleep longer next time
         end.record()
         _cuda_sync(self.device)
-        return out_logits[:int(x.tokens.shape[0])].clone(), True, _elapsed_ms(start, end) / 1000
+        rows = int(x.tokens.shape[0])
+        return out_logits[:rows].clone(), out_tokens[:rows].clone(), True, _elapsed_ms(start, end) / 1000
 
 
 def _allocator_counts(device: torch.device) -> tuple[int, int]:
@@ -332,11 +348,12 @@ def run_trajectory(engine: Engine, req: p.TrajectoryRequest) -> p.TrajectoryRepl
                     if req.poison:
                         _poison(resident)
                     t0 = _clock()
-                    logits, graph, seconds = timer.run(resident, x, step.kind)
+                    logits, tokens, graph, seconds = timer.run(resident, x, step.kind)
                     t1 = _clock()
                     times[c, s] = seconds
                     used_graph |= graph
                     f, a = _fingerprint(logits, proj, nexts[s])
+                    _check_tokens(resident, tokens, a)
                     feats[c].append(f.cpu())
                     argmax[c].append(a.cpu())
                     t2 = _clock()

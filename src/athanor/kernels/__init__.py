@@ -17,6 +17,7 @@ from athanor.kernels.embedding import embedding
 from athanor.kernels.flex_decode import decode_attention_flex
 from athanor.kernels.gemv import (
     fused_linear,
+    fused_linear_argmax,
     linear,
     linear_route,
     qkv_rope_cache,
@@ -53,6 +54,7 @@ __all__ = [
     "embedding",
     "expert_gemv",
     "fused_linear",
+    "fused_linear_argmax",
     "greedy",
     "group_by_expert",
     "grouped_mm",

@@ -151,6 +151,14 @@ def _zeroed(name: str, device: Any, n: int, dtype: Any) -> Tensor:
     return _ZEROED[name, device]
 
 
+def argmax_best(device: Any) -> Tensor:
+    """int64 running maxima of the greedy LM head's packed (logit, column) keys, one per row of up to 8
+    (`fused_gemv_argmax_kernel` folds into them; its last program reads and zeroes them)."""
+    import torch
+
+    return _zeroed("argmax_best", device, 8, torch.int64)
+
+
 def router_sums(device: Any) -> Tensor:
     """int64 accumulators of MoE router logits in fixed point (`fused_gemv_router_kernel` adds into them, the routing
     kernel after it reads and zeroes them), [rows, experts] row-major in its first rows * experts entries: 8192 of

@@ -19,6 +19,7 @@ from athanor.kernels.attention import _num_sms
 from athanor.kernels.dispatch import (
     PDL_EARLY,
     Impl,
+    argmax_best,
     cdiv,
     interpreting,
     launch_warps,
@@ -126,6 +127,33 @@ def fused_linear(x: Tensor, w: Tensor, bias: Tensor | None = None, *, norm_weigh
              "RESIDUAL": residual is not None}
     _launch(fused_gemv_kernel, fused_gemv_tuned, args, flags, m, n, k)
     return y
+
+
+def fused_linear_argmax(x: Tensor, w: Tensor, norm_weight: Tensor, eps: float, impl: Impl = None
+                        ) -> tuple[Tensor, Tensor]:
+    """A greedy decode step's LM head: (tokens [M] int64, logits [M, N]), logits = rms_norm(x, norm_weight, eps) @ w.T
+    as `fused_linear` makes them and tokens their rows' argmax (the first maximum; NaN never one), for <= 8 rows in
+    one kernel in Triton (`fused_gemv_argmax_kernel`: each program's strip folded into the row's maximum with an
+    atomic, the last program writes the tokens), else `fused_linear` then `greedy`."""
+    from athanor.kernels.sampling import greedy
+
+    m, k = x.shape
+    n = w.shape[0]
+    if m > MAX_FUSED_ROWS or not use_triton(x, impl):
+        logits = fused_linear(x, w, norm_weight=norm_weight, eps=eps, impl=impl)
+        return greedy(logits, impl=impl), logits
+    from athanor.kernels.jit.fused_gemv import fused_gemv_argmax_kernel, fused_gemv_argmax_tuned
+
+    assert w.stride(1) == 1 and x.stride(1) == 1
+    assert n < 4 * ((1 << 16) - 1), "a split-K ticket per strip of >= 4 columns, after the launch's own"
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    tokens = torch.empty(m, dtype=torch.long, device=x.device)
+    if m == 0:
+        return tokens, y
+    args = (x, w, norm_weight, y, _workspace(m, n, x.device), tickets(x.device), argmax_best(x.device), tokens,
+            m, n, k, eps, x.stride(0), w.stride(0), y.stride(0))
+    _launch(fused_gemv_argmax_kernel, fused_gemv_argmax_tuned, args, {}, m, n, k)
+    return tokens, y
 
 
 def qkv_rope_cache(h: Tensor, w: Tensor, bias: Tensor | None, norm_weight: Tensor, eps: float, num_heads: int,

@@ -120,6 +120,11 @@ class Forward(Protocol):
         """Logits [num_seqs, vocab] of the next token; appends one token to each slot's KV state."""
         ...
 
+    # Optional: `decode_greedy(batch) -> (tokens [num_seqs] int64, logits)`, what `decode` does plus each row's
+    # argmax (the first maximum of its logits), for a forward that makes the tokens more cheaply than the engine's
+    # argmax after it (e.g. inside its LM head). The engine then calls it for the steps whose rows are all greedy,
+    # and the evaluator checks on every run that the tokens are the argmax of the logits returned with them.
+
 
 def make_prefill_batch(
     prompts: list[list[int]], slots: list[int], seq_lens: list[int] | None = None, device: torch.device | str = "cpu"

@@ -142,13 +142,15 @@ MOVES: tuple[Move, ...] = (
              "kernel launch as it starts, so the merge's programs wait resident for it instead of launching once "
              "its last program exits. H200, batch 1, context 1024: qwen3-30b-a3b 2.530 vs 2.554 ms (2.521 with "
              "merge_early too), llama-3.2-1b 0.872 vs 0.876, llama-3.1-8b 4.214 vs 4.149. Changes no value."),
-    Move("lm_head", ("linear", "triton_fused"), "linear",
+    Move("lm_head", ("linear", "triton_fused", "triton_greedy"), "linear",
          doc="With gemv='triton_fused', at the rows it takes: the final RMSNorm inside the LM head's GEMV (the fused "
              "GEMV with its norm prologue) instead of a norm kernel and then cuBLAS (MKL on a CPU): one launch fewer, "
              "and under programmatic dependent launch the LM head's programs load their first weight tiles while "
              "the last layer ends. H200, batch 1: qwen3-30b-a3b's LM head 138 us (~4.5 TB/s) against cuBLAS's 147 "
              "(~4.2), the step 2.409 vs 2.424 ms; with embedding='triton' too llama-3.2-1b 0.869 vs 0.880, "
-             "llama-3.1-8b 4.167 vs 4.188."),
+             "llama-3.1-8b 4.167 vs 4.188. 'triton_greedy': that, and in a step whose rows are all greedy the "
+             "argmax too, folded into the LM head's epilogue (each program's strip into the row's maximum with one "
+             "atomic; the last program writes the tokens): the engine's argmax launch goes. Changes no value."),
     Move("embedding", ("torch", "triton"), "torch",
          doc="The decode step's token embedding as a Triton gather that, under programmatic dependent launch, lets "
              "the next kernel launch as it starts: the first layer's QKV GEMV loads its first weight tiles while "

@@ -124,6 +124,18 @@ NO_WRITE = patched(
     "skips writing its output buffer every other step",
 )
 
+FAKE_TOKENS = patched(
+    "_reference_build = build\n"
+    "def build(model, ctx):\n"
+    "    forward = _reference_build(model, ctx)\n"
+    "    def greedy_decode(batch):\n"
+    "        # the engine takes a greedy step's tokens from here: honest logits, tokens without the argmax\n"
+    "        return torch.zeros_like(batch.tokens), forward.decode(batch)\n"
+    "    forward.decode_greedy = greedy_decode\n"
+    "    return forward\n",
+    "hands the engine greedy tokens that are not its logits' argmax",
+)
+
 TIMING_AWARE = patched(
     "_reference_build = build\n"
     "def build(model, ctx):\n"

@@ -89,6 +89,11 @@ def test_unwritten_outputs_show_the_poison(evaluator: Evaluator) -> None:
     assert "NaN" in v.reason
 
 
+def test_greedy_tokens_that_are_not_the_argmax_are_caught(evaluator: Evaluator) -> None:
+    v = evaluator.evaluate(c.FAKE_TOKENS, incumbent=c.BASE)
+    assert not v.accepted and "not the argmax of its logits" in v.reason, _show(v)
+
+
 def test_behaving_differently_when_timed_is_caught_by_reverification(evaluator: Evaluator) -> None:
     v = evaluator.evaluate(c.TIMING_AWARE, incumbent=c.BASE)
     assert not v.accepted and v.stage == "timing", _show(v)

@@ -13,6 +13,7 @@ from athanor.kernels import (
     HAS_TRITON,
     KVWrite,
     fused_linear,
+    fused_linear_argmax,
     greedy,
     linear,
     linear_route,
@@ -97,6 +98,40 @@ def test_fused_linear_matches_its_torch_composition(gen, m, prologue, residual):
         torch.testing.assert_close(out - (extra["residual"] if residual else 0),
                                    F.linear(rms_norm(x, extra["norm_weight"], 1e-5, impl="torch"), w, b),
                                    rtol=1e-4, atol=1e-4)
+
+
+@triton_only
+@pytest.mark.parametrize("m, k, dtype", [(1, 64, torch.float32), (3, 192, torch.bfloat16)])  # K >= 192: split-K
+def test_fused_linear_argmax_is_the_lm_head_then_its_argmax(gen, m, k, dtype):
+    """The greedy LM head: its logits are `fused_linear`'s with the norm inside, bit for bit, and its tokens their
+    rows' first maximum (ties across strips to the smallest column; a NaN column never wins), launch after launch
+    (the last program leaves the row maxima and the ticket zero)."""
+    from athanor.kernels.dispatch import argmax_best, tickets
+
+    n = 100  # strips of 16 in the interpreter, the last one short
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    w = torch.randn(n, k, generator=gen).to(dtype)
+    nw = torch.rand(k, generator=gen).to(dtype) + 0.5
+    for _ in range(2):
+        tokens, logits = fused_linear_argmax(x, w, nw, 1e-5)
+        assert torch.equal(logits, fused_linear(x, w, norm_weight=nw, eps=1e-5, impl="triton"))
+        assert torch.equal(tokens, logits.float().argmax(-1))
+    best = logits.float().argmax(-1)
+    tied = w.clone()
+    tied[3] = tied[90] = w[int(best[0])]  # row 0's maximum three times, in up to three strips: the first one wins
+    tied[50] = float("nan")  # every row's logit 50 is NaN
+    tokens, logits = fused_linear_argmax(x, tied, nw, 1e-5)
+    assert logits[:, 50].isnan().all()
+    assert tokens[0] == min(c for c in (3, 90, int(best[0])) if c != 50)
+    assert torch.equal(tokens, logits.float().nan_to_num(nan=float("-inf")).argmax(-1))
+    assert not argmax_best(x.device).any() and not tickets(x.device).any()
+
+
+def test_fused_linear_argmax_falls_back_to_the_lm_head_then_greedy(gen):
+    x, w, nw = torch.randn(9, 32, generator=gen), torch.randn(50, 32, generator=gen), torch.rand(32, generator=gen)
+    tokens, logits = fused_linear_argmax(x, w, nw, 1e-5)  # 9 rows: more than the kernel takes
+    assert torch.equal(logits, fused_linear(x, w, norm_weight=nw, eps=1e-5, impl="torch"))
+    assert torch.equal(tokens, logits.argmax(-1))
 
 
 def test_fused_linear_reads_strided_halves_of_a_fused_gate_up(gen):

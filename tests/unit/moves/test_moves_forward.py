@@ -51,7 +51,12 @@ def run(build, model, gen, dtype: torch.dtype = torch.float32):
     for _ in range(2):
         tokens = torch.randint(0, model.spec.vocab_size, (3,), generator=gen)
         batch = DecodeBatch(tokens, positions.clone(), torch.tensor([0, 2, 3]), positions.clone())
-        outs.append(fwd.decode(batch))
+        if hasattr(fwd, "decode_greedy"):  # the engine's call for all-greedy rows: the tokens must be the argmax
+            greedy_tokens, logits = fwd.decode_greedy(batch)
+            assert torch.equal(greedy_tokens, logits.argmax(-1))
+            outs.append(logits)
+        else:
+            outs.append(fwd.decode(batch))
         positions += 1
     return outs
 
@@ -188,12 +193,14 @@ def test_fused_layer_at_few_rows_moe_and_qk_norm(preset, routing, tmp_path, gen)
     check(source.replace("FUSED_ROWS = 1\n", "FUSED_ROWS = 3\n"), preset, tmp_path, gen)
 
 
-@pytest.mark.parametrize("preset", ["tiny-dense", ROUTED_ONLY], ids=["tiny-dense", "routed-only"])
-def test_fused_layer_with_the_final_norm_in_the_lm_head_and_the_embedding_gather(preset, tmp_path, gen):
-    """`lm_head=triton_fused` (the final RMSNorm inside the LM head's GEMV) and `embedding=triton` on the fused
-    layer's path, where they act (elsewhere the LM head stays a norm then `_linear`)."""
+@pytest.mark.parametrize("preset, lm_head", [("tiny-dense", "triton_fused"), (ROUTED_ONLY, "triton_greedy")],
+                         ids=["tiny-dense", "routed-only-greedy"])
+def test_fused_layer_with_the_final_norm_in_the_lm_head_and_the_embedding_gather(preset, lm_head, tmp_path, gen):
+    """`lm_head=triton_fused` (the final RMSNorm inside the LM head's GEMV), or `triton_greedy` (and the greedy
+    tokens in its epilogue: `run` decodes through `decode_greedy`), and `embedding=triton` on the fused layer's
+    path, where they act (elsewhere the LM head stays a norm then `_linear`)."""
     spec = PRESETS[preset] if isinstance(preset, str) else preset
-    options = {**best_options(spec), "gemv": "triton_fused", "fused_qkv": True, "lm_head": "triton_fused",
+    options = {**best_options(spec), "gemv": "triton_fused", "fused_qkv": True, "lm_head": lm_head,
                "embedding": "triton"}
     check(render("fast", options).replace("FUSED_ROWS = 1\n", "FUSED_ROWS = 3\n"), preset, tmp_path, gen)
 

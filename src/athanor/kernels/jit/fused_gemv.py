@@ -54,8 +54,8 @@ def gemv_strip(
     PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr,
 ):
     """The body of `fused_gemv_kernel`, for the kernels that do more after it (`fused_gemv_rope_kernel`,
-    `fused_gemv_route_kernel`). Returns whether this program wrote its strip of Y: always without split-K,
-    only the strip's last split with it."""
+    `fused_gemv_route_kernel`, `fused_gemv_argmax_kernel`). Returns (whether this program wrote its strip of Y:
+    always without split-K, only the strip's last split with it; the [BLOCK_M, BLOCK_N] values it wrote there)."""
     if PDL and EARLY:  # let the next kernel's programs become resident now (see dispatch.PDL_EARLY)
         tl.extra.cuda.gdc_launch_dependents()
     pid_n = tl.program_id(0)
@@ -101,8 +101,8 @@ def strip_end(acc, pid_n, pid_k, strips, B, R, Y, WS, TICKETS, M, N, r_s0, y_s0,
               BIAS: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               SPLIT_K: tl.constexpr):
     """The end of strip pid_n (of `strips`), split pid_k, its sums `acc` [BLOCK_M, BLOCK_N] made: with split-K the
-    partial into the workspace and the strip's last split sums them, then the epilogue. Returns whether this
-    program wrote the strip of Y."""
+    partial into the workspace and the strip's last split sums them, then the epilogue. Returns (whether this
+    program wrote the strip of Y, what it wrote: zeros where it did not)."""
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
     rm = tl.arange(0, BLOCK_M)
@@ -112,16 +112,17 @@ def strip_end(acc, pid_n, pid_k, strips, B, R, Y, WS, TICKETS, M, N, r_s0, y_s0,
         stride = strips * BLOCK_M * BLOCK_N
         tl.store(WS + pid_k * stride + tile, acc)
         done = last_of_group(TICKETS + pid_n, SPLIT_K)
+        out = tl.zeros([BLOCK_M, BLOCK_N], Y.dtype.element_ty)
         if done:
             acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for s in tl.static_range(SPLIT_K):
                 acc += tl.load(WS + s * stride + tile, cache_modifier=".cg")  # from L2, not a stale L1
             tl.atomic_xchg(TICKETS + pid_n, 0)  # ready for the next launch (CUDA-graph replays included)
-            gemv_epilogue(acc, B, R, Y, rm, rn, n_mask, mask, r_s0, y_s0, BIAS, RESIDUAL)
+            out = gemv_epilogue(acc, B, R, Y, rm, rn, n_mask, mask, r_s0, y_s0, BIAS, RESIDUAL)
     else:
         done = pid_n >= 0
-        gemv_epilogue(acc, B, R, Y, rm, rn, n_mask, mask, r_s0, y_s0, BIAS, RESIDUAL)
-    return done
+        out = gemv_epilogue(acc, B, R, Y, rm, rn, n_mask, mask, r_s0, y_s0, BIAS, RESIDUAL)
+    return done, out
 
 
 @triton.jit
@@ -136,8 +137,8 @@ def fused_gemv_rope_kernel(
     strip of each head to be written (a ticket per head, after the split-K ones) rotates it, q/k-normed
     first under QK_NORM: a q head in place in Y, a k head into K_CACHE at [slot, head, position]; a v
     head is copied into V_CACHE. Y [M, (Hq + 2 Hkv) * HEAD_DIM]; BLOCK_N divides HEAD_DIM."""
-    done = gemv_strip(X, X, W, B, NW, Y, Y, WS, TICKETS, M, N, K, eps, x_s0, 0, w_s0, 0, y_s0,
-                      True, False, BIAS, False, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK)
+    done, _ = gemv_strip(X, X, W, B, NW, Y, Y, WS, TICKETS, M, N, K, eps, x_s0, 0, w_s0, 0, y_s0,
+                         True, False, BIAS, False, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK)
     if done:
         head = tl.program_id(0) * BLOCK_N // HEAD_DIM
         ticket = TICKETS + tl.num_programs(0) + head
@@ -147,6 +148,44 @@ def fused_gemv_rope_kernel(
                     rope_head(Y + m * y_s0, head, tl.load(POS + m), tl.load(SLOTS + m), COS, SIN, K_CACHE, V_CACHE,
                               QN, KN, eps, c_s0, c_s1, c_s2, NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, QK_NORM)
             tl.atomic_xchg(ticket, 0)
+
+
+@triton.jit
+def fused_gemv_argmax_kernel(
+    X, W, NW, Y, WS, TICKETS, BEST, TOKENS,
+    M, N, K, eps, x_s0, w_s0, y_s0,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr,
+):
+    """The LM head with the final RMSNorm inside (`fused_gemv_kernel` under NORM) and each row's greedy token: every
+    program that writes a strip of logits folds its argmax into BEST[row] with one 64-bit atomic max (`argmax_keys`),
+    then takes the launch's ticket (TICKETS[0]); the last to take it writes TOKENS[row] and leaves BEST and the ticket
+    zero for the next launch. The step's separate argmax kernel, and its wait for the LM head to end, go."""
+    done, out = gemv_strip(X, X, W, W, NW, Y, Y, WS, TICKETS + 1, M, N, K, eps, x_s0, 0, w_s0, 0, y_s0,
+                           True, False, False, False, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK)
+    if done:
+        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rm = tl.arange(0, BLOCK_M)
+        # relaxed: ordered before the ticket by the CTA barrier and the ticket's release (as split-K's stores are)
+        tl.atomic_max(BEST + rm, tl.max(argmax_keys(out, rn, N), axis=1), mask=rm < M, sem="relaxed")
+        if last_of_group(TICKETS, tl.num_programs(0)):
+            best = tl.atomic_xchg(BEST + rm, tl.zeros([BLOCK_M], tl.int64), mask=rm < M)
+            tl.store(TOKENS + rm, 2147483647 - (best & 2147483647), mask=rm < M)
+            tl.atomic_xchg(TICKETS, 0)
+
+
+@triton.jit
+def argmax_keys(out, rn, N):
+    """Keys [BLOCK_M, BLOCK_N] (int64, > 0) whose maximum names the argmax of the logits `out` at columns rn: the
+    value's float order in the high bits, the column reversed in the low 31, so that ties go to the smallest column,
+    as torch.argmax's; NaN is never the maximum (as in `argmax_kernel`), -0.0 ties with 0.0; columns >= N key 0."""
+    v = out.to(tl.float32)
+    v = tl.where(v == v, v, float("-inf"))
+    v = tl.where(v == 0.0, 0.0, v)
+    bits = v.to(tl.int32, bitcast=True)
+    order = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) - (-2147483648)  # the float order as int32s, made >= 0
+    keys = (order << 31) | (2147483647 - rn.to(tl.int64))[None, :]
+    return tl.where((rn < N)[None, :], keys, 0)
 
 
 @triton.jit
@@ -249,7 +288,7 @@ def row_input(x, up, nw, r, dtype: tl.constexpr, NORM: tl.constexpr, SILU: tl.co
 
 @triton.jit
 def gemv_epilogue(acc, B, R, Y, rm, rn, n_mask, mask, r_s0, y_s0, BIAS: tl.constexpr, RESIDUAL: tl.constexpr):
-    """Bias, rounding to the model dtype, residual add, store."""
+    """Bias, rounding to the model dtype, residual add, store; returns what it stored."""
     dtype = Y.dtype.element_ty
     if BIAS:
         acc += tl.load(B + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
@@ -258,6 +297,7 @@ def gemv_epilogue(acc, B, R, Y, rm, rn, n_mask, mask, r_s0, y_s0, BIAS: tl.const
         res = tl.load(R + rm[:, None] * r_s0 + rn[None, :], mask=mask, other=0.0)
         out = (out.to(tl.float32) + res.to(tl.float32)).to(dtype)
     tl.store(Y + rm[:, None] * y_s0 + rn[None, :], out, mask=mask)
+    return out
 
 
 def gemv_configs() -> list[triton.Config]:
@@ -281,3 +321,5 @@ fused_gemv_tuned = triton.autotune(configs=gemv_configs(), key=["M", "N", "K", "
 runs `fused_gemv_kernel` with fixed blocks instead: timing configs there measures nothing)."""
 fused_gemv_rope_tuned = triton.autotune(configs=gemv_configs(), key=["M", "N", "K", "QK_NORM", "PDL", "EARLY"])(
     fused_gemv_rope_kernel)
+fused_gemv_argmax_tuned = triton.autotune(configs=gemv_configs(), key=["M", "N", "K", "PDL", "EARLY"])(
+    fused_gemv_argmax_kernel)

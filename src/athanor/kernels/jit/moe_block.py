@@ -147,9 +147,10 @@ def _o_phase(pid, programs, X, WO, R, H, WS, TICKETS, RW, NW, SUMS, M, N, K, E, 
         w = w_next
         w_next = _o_load(it + 1, total, pid, programs, tiles, WO, N, K, wo_s0, BLOCK_N, BLOCK_K, SPLIT_K)
         acc = tile_sums(tl.where(kt == 0, 0.0, acc), w, ks, k_hi, X, X, WO, M, x_s0, 0, rstd, rm, False, False, BLOCK_M)
-        if kt == tiles - 1:  # noqa: SIM102 (Triton evaluates both sides of an `and`: strip_end only at a unit's end)
-            if strip_end(acc, pid_n, pid_k, strips, WO, R, H, WS, TICKETS, M, N, r_s0, h_s0, False, True, BLOCK_M,
-                         BLOCK_N, SPLIT_K):
+        if kt == tiles - 1:  # Triton evaluates both sides of an `and`: strip_end only at a unit's end
+            done, _ = strip_end(acc, pid_n, pid_k, strips, WO, R, H, WS, TICKETS, M, N, r_s0, h_s0, False, True,
+                                BLOCK_M, BLOCK_N, SPLIT_K)
+            if done:
                 rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
                 rw = router_strip(RW, NW, rn, rn < N, N, E, BLOCK_E)
                 add_router_share(rw, H, SUMS, rn, rn < N, M, E, scale, h_s0, BLOCK_E, BLOCK_M)

@@ -44,6 +44,12 @@ PINNED: dict[str, dict[str, dict[tuple[Any, ...], Pin]]] = {
             (1, 128256, 2048, True, False, False, True, True): ({'BLOCK_N': 8, 'BLOCK_K': 1024, 'SPLIT_K': 1}, 4, 2),
             (1, 128256, 4096, True, False, False, True, True): ({'BLOCK_N': 4, 'BLOCK_K': 4096, 'SPLIT_K': 1}, 4, 1),
         },
+        "fused_gemv_argmax_kernel": {  # the same LM heads with the greedy argmax in the epilogue (lm_head=triton_greedy):
+            # their configs without it
+            (1, 151936, 2048, True, True): ({'BLOCK_N': 8, 'BLOCK_K': 2048, 'SPLIT_K': 1}, 4, 1),
+            (1, 128256, 2048, True, True): ({'BLOCK_N': 8, 'BLOCK_K': 1024, 'SPLIT_K': 1}, 4, 2),
+            (1, 128256, 4096, True, True): ({'BLOCK_N': 4, 'BLOCK_K': 4096, 'SPLIT_K': 1}, 4, 1),
+        },
         "fused_gemv_rope_kernel": {
             (1, 5120, 2048, True, True, False): ({'BLOCK_N': 8, 'BLOCK_K': 1024, 'SPLIT_K': 1}, 4, 2),
             (1, 3072, 2048, False, True, False): ({'BLOCK_N': 8, 'BLOCK_K': 1024, 'SPLIT_K': 1}, 4, 2),
@@ -67,8 +73,8 @@ def autotuners() -> dict[str, Any]:
     """Kernel name -> its autotuner, for every kernel the table may pin (the fused, router and expert GEMVs)."""
     from athanor.kernels.jit import expert_gemv, fused_gemv, router_gemv
 
-    tuned = (fused_gemv.fused_gemv_tuned, fused_gemv.fused_gemv_rope_tuned, router_gemv.fused_gemv_route_tuned,
-             router_gemv.fused_gemv_router_tuned, expert_gemv.expert_gemv_tuned)
+    tuned = (fused_gemv.fused_gemv_tuned, fused_gemv.fused_gemv_rope_tuned, fused_gemv.fused_gemv_argmax_tuned,
+             router_gemv.fused_gemv_route_tuned, router_gemv.fused_gemv_router_tuned, expert_gemv.expert_gemv_tuned)
     return {t.fn.__name__: t for t in tuned}
 
 

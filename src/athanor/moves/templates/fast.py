@@ -29,6 +29,8 @@ from athanor.kernels import (
     decode_attention_per_seq,
     embedding,
     fused_linear,
+    fused_linear_argmax,
+    greedy,
     linear,
     linear_route,
     moe_block,
@@ -182,6 +184,8 @@ class FastForward:
         self.packed = (self._pack_linears() if str(OPTIONS["gemv"]).startswith("onednn") and ctx.device.type == "cpu"
                        else {})
         """oneDNN copies of the weights `_linear` reads, by id of the weight (empty: F.linear)."""
+        if OPTIONS["lm_head"] == "triton_greedy":  # the engine takes the greedy steps' tokens from this forward
+            self.decode_greedy = self._decode_greedy
         self._decode_layers = self.decode_layers
         if OPTIONS["compile"] is not None:
             # No "reduce-overhead": the engine captures the whole step in its own CUDA graphs.
@@ -361,11 +365,13 @@ class FastForward:
         before attention reads), or the positions themselves where the attention adds the 1 (`lens_offset`)."""
         return positions if self.lens_offset else positions + 1
 
-    def decode_layers(self, tokens: Tensor, positions: Tensor, slots: Tensor) -> Tensor:
-        """Logits [B, vocab] of one decode step; a pure function of its inputs and the caches (compilable)."""
+    def decode_layers(self, tokens: Tensor, positions: Tensor, slots: Tensor,
+                      greedy_tokens: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Logits [B, vocab] of one decode step, or with `greedy_tokens` (their rows' argmax [B], logits); a pure function
+        of its inputs and the caches (compilable)."""
         if (OPTIONS["gemv"] == "triton_fused" and (self.spec.moe is None or OPTIONS["moe"] == "triton")
                 and tokens.shape[0] <= FUSED_ROWS and use_triton(tokens)):
-            return self._decode_fused(tokens, positions, slots)
+            return self._decode_fused(tokens, positions, slots, greedy_tokens)
         kv_lens = self._kv_lens(positions)
         x = self._embedding(tokens)  # [B, H]
         residual: Tensor | None = None
@@ -377,9 +383,11 @@ class FastForward:
             h, residual = self._norm(x, residual, layer.mlp_norm)
             x = self._mlp(i, layer, h)
         assert residual is not None
-        return self._logits(x, residual)
+        logits = self._logits(x, residual)
+        return (greedy(logits), logits) if greedy_tokens else logits
 
-    def _decode_fused(self, tokens: Tensor, positions: Tensor, slots: Tensor) -> Tensor:
+    def _decode_fused(self, tokens: Tensor, positions: Tensor, slots: Tensor,
+                      greedy_tokens: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """decode_layers with the norms, SiLU-mul and residual adds folded into the projections
         (`fused_linear`): per dense layer QKV, RoPE (+ cache), attention, O, gate/up and down only; a MoE
         layer's experts run as `_moe_fused`. h is the residual stream: the reference's x after each
@@ -405,9 +413,13 @@ class FastForward:
                 continue
             gate, up = self._gate_up(layer, h, norm=layer.mlp_norm)
             h = fused_linear(gate, layer.w_down, up=up, residual=h)
-        if OPTIONS["lm_head"] == "triton_fused" and self.lm_head.dtype == h.dtype:  # the final norm inside the GEMV
-            return fused_linear(h, self.lm_head, norm_weight=self.norm, eps=self.eps)
-        return self._linear(rms_norm(h, self.norm, self.eps, impl=impl("rmsnorm")), self.lm_head)
+        if OPTIONS["lm_head"] != "linear" and self.lm_head.dtype == h.dtype:  # the final norm inside the GEMV
+            if greedy_tokens and OPTIONS["lm_head"] == "triton_greedy":  # and the argmax in its epilogue
+                return fused_linear_argmax(h, self.lm_head, self.norm, self.eps)
+            logits = fused_linear(h, self.lm_head, norm_weight=self.norm, eps=self.eps)
+        else:
+            logits = self._linear(rms_norm(h, self.norm, self.eps, impl=impl("rmsnorm")), self.lm_head)
+        return (greedy(logits), logits) if greedy_tokens else logits
 
     def _embedding(self, tokens: Tensor) -> Tensor:
         """The decode rows' embeddings [B, H]."""
@@ -467,7 +479,16 @@ class FastForward:
         return routed_experts(h, w, w2, layer.experts_down, topk_ids, topk_weights, layer.mlp_norm, self.eps)
 
     def decode(self, batch: DecodeBatch) -> Tensor:
-        return self._decode_layers(batch.tokens, batch.positions, batch.slots)
+        logits = self._decode_layers(batch.tokens, batch.positions, batch.slots)
+        assert isinstance(logits, Tensor)
+        return logits
+
+    def _decode_greedy(self, batch: DecodeBatch) -> tuple[Tensor, Tensor]:
+        """`decode_greedy` of the seam (bound as it with lm_head="triton_greedy"): the step's greedy tokens with its
+        logits, the tokens made in the LM head's kernel on the fused layer's path."""
+        out = self._decode_layers(batch.tokens, batch.positions, batch.slots, True)
+        assert isinstance(out, tuple)
+        return out
 
 
 def build(model: Model, ctx: BuildContext) -> FastForward:

@@ -1,0 +1,42 @@
+"""`DecodeRunner` on the CPU (its eager path): greedy steps take a forward's own tokens where it makes them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from athanor.engine.graphs import DecodeRunner, StepInputs
+from athanor.errors import CandidateError
+from athanor.model import BuildContext
+from athanor.model.presets import get_preset
+from athanor.model.random_init import random_model
+from athanor.model.reference import build as reference_build
+
+
+def test_greedy_steps_take_decode_greedy_and_check_what_it_returns() -> None:
+    spec = get_preset("tiny-dense").with_layers(1)
+    cpu = torch.device("cpu")
+    forward = reference_build(random_model(spec, seed=0), BuildContext(cpu, torch.float32, 4, 64))
+    runner = DecodeRunner(forward, 4, spec.vocab_size, cpu, (1, 2, 4))
+    two = torch.tensor([0, 1])
+    x = StepInputs(torch.tensor([5, 9]), two, two, two, torch.zeros(2), torch.ones(2), torch.zeros(2, dtype=torch.long))
+    calls: list[int] = []
+
+    def decode_greedy(batch):
+        calls.append(1)
+        logits = forward.decode(batch)
+        return (logits.argmax(-1) + 1) % spec.vocab_size, logits  # tokens of its own making, whatever they are
+
+    forward.decode_greedy = decode_greedy
+    tokens, logits, used_graph = runner.step(x, greedy=True)
+    assert calls == [1] and not used_graph
+    assert torch.equal(tokens, (logits.argmax(-1) + 1) % spec.vocab_size)  # the runner passes them on (checking
+    # them against the logits is the evaluator's: `trajectory._check_tokens`)
+    runner.step(x)  # a sampled step: decode(), not decode_greedy()
+    assert calls == [1]
+    forward.decode_greedy = forward.decode
+    with pytest.raises(CandidateError, match=r"decode_greedy\(\) returned Tensor, expected \(tokens"):
+        runner.step(x, greedy=True)
+    forward.decode_greedy = lambda batch: (forward.decode(batch).argmax(-1).int(), forward.decode(batch))
+    with pytest.raises(CandidateError, match="torch.int32 tensor of shape .2. as its tokens, expected an int64"):
+        runner.step(x, greedy=True)
