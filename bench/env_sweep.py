@@ -9,7 +9,10 @@ timings is flattered by its noise. The empty value is the variable unset; a valu
 a space ("max ATHANOR_ROUTE_WARPS=1").
 
     python bench/env_sweep.py --model qwen3-30b-a3b [--routing FILE] [--configs "per_sm=3;rank_chunk=0"]
-                                    [--candidate block|best] [--var ATHANOR_MOE_BLOCK] [--budget 240]
+                                    [--candidate block|best] [--set OPTION=VALUE ...] [--var ATHANOR_MOE_BLOCK]
+                                    [--budget 240]
+
+`--set` changes options of the candidate (`--set lm_head=triton_greedy --var ATHANOR_GREEDY_TAIL`).
 
 Writes $OUT/sweep_<var>_<model>.json (every timing, the block's grids) and prints a table last.
 """
@@ -17,6 +20,7 @@ Writes $OUT/sweep_<var>_<model>.json (every timing, the block's grids) and print
 from __future__ import annotations
 
 import argparse
+import ast
 import gc
 import os
 import tempfile
@@ -39,6 +43,8 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=240.0, help="seconds of config timings before the check")
     parser.add_argument("--candidate", choices=("block", "best"), default="block")
     parser.add_argument("--var", default="ATHANOR_MOE_BLOCK", help="the environment variable the configs set")
+    parser.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
+                        help="an option of the candidate changed (VALUE a Python literal, else a string)")
     args = parser.parse_args()
 
     import torch
@@ -60,8 +66,12 @@ def main() -> int:
             options = best_options(PRESETS[args.model])
             if routing:
                 options["routing"] = routing
+            if name == args.candidate and args.set:
+                options.update((k, _literal(v)) for k, v in (item.split("=", 1) for item in args.set))
+                name = "changed"
             files[name] = Path(tmp) / f"{name}.py"
             files[name].write_text(render("fast", options))
+        candidate = "changed" if args.set else args.candidate
 
         also: set[str] = set()  # the other variables configs have set ("max ATHANOR_ROUTE_WARPS=1")
 
@@ -91,29 +101,36 @@ def main() -> int:
         results: dict[str, float] = {}
         for _ in range(2):
             step_ms("best")
-            results[""] = min(results.get("", float("inf")), step_ms(args.candidate))
+            results[""] = min(results.get("", float("inf")), step_ms(candidate))
         t0 = time.perf_counter()
         for config in filter(None, args.configs.split(";")):
             if time.perf_counter() - t0 > args.budget:
                 print(f"budget spent: {config!r} not timed", flush=True)
                 break
-            results[config] = step_ms(args.candidate, config)
+            results[config] = step_ms(candidate, config)
         fastest = min(results, key=lambda c: results[c])
         check: dict[str, list[float]] = {"best": [], "candidate": []}
         for _ in range(2 if len(results) > 1 else 0):  # with no config but the default, its pairs are the check
             check["best"].append(step_ms("best"))
-            check["candidate"].append(step_ms(args.candidate, fastest))
+            check["candidate"].append(step_ms(candidate, fastest))
 
     result = {"model": args.model, "context": args.context, "routing": args.routing, "candidate": args.candidate,
-              "var": args.var,
+              "set": args.set, "var": args.var,
               "timings": timings, "fastest_config": fastest,
               "check": check, "resident_per_sm": [[list(map(str, key)), n] for key, n in _RESIDENT.items()]}
     write(result, result_path(f"sweep_{args.var.lower()}_{args.model}.json"))
     print(f"\n{'candidate':<48} {'ms/token':>9}")
     for t in timings:
         print(f"{t['label']:<48} {t.get('ms_per_token', float('nan')):>9.4f}")
-    print(f"check: best {check['best']}, {args.candidate} [{args.var}={fastest}] {check['candidate']} ms")
+    print(f"check: best {check['best']}, {candidate} [{args.var}={fastest}] {check['candidate']} ms")
     return 0
+
+
+def _literal(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
 
 
 if __name__ == "__main__":

@@ -151,12 +151,25 @@ def _zeroed(name: str, device: Any, n: int, dtype: Any) -> Tensor:
     return _ZEROED[name, device]
 
 
+ARGMAX_SLOTS = 32
+"""Running maxima per row of the greedy LM head (`fused_gemv_argmax_kernel`): its programs spread their atomics over
+them, each on its own 128-byte line."""
+
+
 def argmax_best(device: Any) -> Tensor:
-    """int64 running maxima of the greedy LM head's packed (logit, column) keys, one per row of up to 8
-    (`fused_gemv_argmax_kernel` folds into them; its last program reads and zeroes them)."""
+    """int64 running maxima of the greedy LM head's packed (logit, column) keys: ARGMAX_SLOTS per row of up to 8, 16
+    words apart (`fused_gemv_argmax_kernel` folds into them; whoever writes the tokens zeroes them)."""
     import torch
 
-    return _zeroed("argmax_best", device, 8, torch.int64)
+    return _zeroed("argmax_best", device, 8 * ARGMAX_SLOTS * 16, torch.int64)
+
+
+def argmax_tickets(device: Any) -> Tensor:
+    """The greedy LM head's tickets (`fused_gemv_argmax_kernel` under its TAIL): the launch's, then one per group
+    of programs."""
+    import torch
+
+    return _zeroed("argmax_tickets", device, 1 + 8192, torch.int32)
 
 
 def router_sums(device: Any) -> Tensor:

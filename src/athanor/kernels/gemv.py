@@ -17,9 +17,11 @@ from torch import Tensor
 from athanor.errors import ConfigError
 from athanor.kernels.attention import _num_sms
 from athanor.kernels.dispatch import (
+    ARGMAX_SLOTS,
     PDL_EARLY,
     Impl,
     argmax_best,
+    argmax_tickets,
     cdiv,
     interpreting,
     launch_warps,
@@ -129,12 +131,17 @@ def fused_linear(x: Tensor, w: Tensor, bias: Tensor | None = None, *, norm_weigh
     return y
 
 
+ARGMAX_GROUP = 64
+"""Programs of the greedy LM head per group ticket (its TAIL): the launch's own ticket then takes one per group."""
+
+
 def fused_linear_argmax(x: Tensor, w: Tensor, norm_weight: Tensor, eps: float, impl: Impl = None
                         ) -> tuple[Tensor, Tensor]:
     """A greedy decode step's LM head: (tokens [M] int64, logits [M, N]), logits = rms_norm(x, norm_weight, eps) @ w.T
     as `fused_linear` makes them and tokens their rows' argmax (the first maximum; NaN never one), for <= 8 rows in
-    one kernel in Triton (`fused_gemv_argmax_kernel`: each program's strip folded into the row's maximum with an
-    atomic, the last program writes the tokens), else `fused_linear` then `greedy`."""
+    Triton (`fused_gemv_argmax_kernel`: each program's strip folded into the row's running maxima with an atomic;
+    the tokens written by the LM head's last program, or by a one-program kernel after it with
+    ATHANOR_GREEDY_TAIL=kernel, read at each launch), else `fused_linear` then `greedy`."""
     from athanor.kernels.sampling import greedy
 
     m, k = x.shape
@@ -142,17 +149,26 @@ def fused_linear_argmax(x: Tensor, w: Tensor, norm_weight: Tensor, eps: float, i
     if m > MAX_FUSED_ROWS or not use_triton(x, impl):
         logits = fused_linear(x, w, norm_weight=norm_weight, eps=eps, impl=impl)
         return greedy(logits, impl=impl), logits
-    from athanor.kernels.jit.fused_gemv import fused_gemv_argmax_kernel, fused_gemv_argmax_tuned
+    from athanor.kernels.jit.fused_gemv import (
+        argmax_tokens_kernel,
+        fused_gemv_argmax_kernel,
+        fused_gemv_argmax_tuned,
+    )
 
     assert w.stride(1) == 1 and x.stride(1) == 1
-    assert n < 4 * ((1 << 16) - 1), "a split-K ticket per strip of >= 4 columns, after the launch's own"
+    assert n <= 4 * ARGMAX_GROUP * 8192, "a group ticket per ARGMAX_GROUP strips of >= 4 columns"
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     tokens = torch.empty(m, dtype=torch.long, device=x.device)
     if m == 0:
         return tokens, y
-    args = (x, w, norm_weight, y, _workspace(m, n, x.device), tickets(x.device), argmax_best(x.device), tokens,
-            m, n, k, eps, x.stride(0), w.stride(0), y.stride(0))
-    _launch(fused_gemv_argmax_kernel, fused_gemv_argmax_tuned, args, {}, m, n, k)
+    tail = os.environ.get("ATHANOR_GREEDY_TAIL", "ticket") != "kernel"
+    best = argmax_best(x.device)
+    args = (x, w, norm_weight, y, _workspace(m, n, x.device), tickets(x.device), best, argmax_tickets(x.device),
+            tokens, m, n, k, eps, x.stride(0), w.stride(0), y.stride(0))
+    _launch(fused_gemv_argmax_kernel, fused_gemv_argmax_tuned, args,
+            {"SLOTS": ARGMAX_SLOTS, "GROUP": ARGMAX_GROUP, "TAIL": tail}, m, n, k)
+    if not tail:
+        argmax_tokens_kernel[(1,)](best, tokens, m, BLOCK_M=next_pow2(m), SLOTS=ARGMAX_SLOTS, **pdl(x))
     return tokens, y
 
 

@@ -152,26 +152,52 @@ def fused_gemv_rope_kernel(
 
 @triton.jit
 def fused_gemv_argmax_kernel(
-    X, W, NW, Y, WS, TICKETS, BEST, TOKENS,
+    X, W, NW, Y, WS, TICKETS, BEST, GROUP_TICKETS, TOKENS,
     M, N, K, eps, x_s0, w_s0, y_s0,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    SLOTS: tl.constexpr, GROUP: tl.constexpr, TAIL: tl.constexpr,
     PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr,
 ):
     """The LM head with the final RMSNorm inside (`fused_gemv_kernel` under NORM) and each row's greedy token: every
-    program that writes a strip of logits folds its argmax into BEST[row] with one 64-bit atomic max (`argmax_keys`),
-    then takes the launch's ticket (TICKETS[0]); the last to take it writes TOKENS[row] and leaves BEST and the ticket
-    zero for the next launch. The step's separate argmax kernel, and its wait for the LM head to end, go."""
-    done, out = gemv_strip(X, X, W, W, NW, Y, Y, WS, TICKETS + 1, M, N, K, eps, x_s0, 0, w_s0, 0, y_s0,
+    program that writes a strip of logits folds its argmax into one of the row's SLOTS running maxima in BEST
+    (`argmax_keys`; a relaxed 64-bit atomic max, each slot on its own 128-byte line: one address for every program
+    serialises them in L2). Then, under TAIL, the last program of each GROUP takes the launch's ticket and the last
+    of those writes the tokens (`argmax_tokens`); without TAIL, `argmax_tokens_kernel` does after it."""
+    done, out = gemv_strip(X, X, W, W, NW, Y, Y, WS, TICKETS, M, N, K, eps, x_s0, 0, w_s0, 0, y_s0,
                            True, False, False, False, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK)
     if done:
-        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        pid = tl.program_id(0)
+        rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         rm = tl.arange(0, BLOCK_M)
-        # relaxed: ordered before the ticket by the CTA barrier and the ticket's release (as split-K's stores are)
-        tl.atomic_max(BEST + rm, tl.max(argmax_keys(out, rn, N), axis=1), mask=rm < M, sem="relaxed")
-        if last_of_group(TICKETS, tl.num_programs(0)):
-            best = tl.atomic_xchg(BEST + rm, tl.zeros([BLOCK_M], tl.int64), mask=rm < M)
-            tl.store(TOKENS + rm, 2147483647 - (best & 2147483647), mask=rm < M)
-            tl.atomic_xchg(TICKETS, 0)
+        # relaxed: ordered before the tickets by the CTA barrier and their release (as split-K's stores are)
+        tl.atomic_max(BEST + (rm * SLOTS + pid % SLOTS) * 16, tl.max(argmax_keys(out, rn, N), axis=1), mask=rm < M,
+                      sem="relaxed")
+        if TAIL:
+            strips = tl.num_programs(0)
+            group = pid // GROUP
+            if last_of_group(GROUP_TICKETS + 1 + group, tl.minimum(GROUP, strips - group * GROUP)):
+                tl.atomic_xchg(GROUP_TICKETS + 1 + group, 0)
+                if last_of_group(GROUP_TICKETS, tl.cdiv(strips, GROUP)):
+                    argmax_tokens(BEST, TOKENS, M, BLOCK_M, SLOTS)
+                    tl.atomic_xchg(GROUP_TICKETS, 0)
+
+
+@triton.jit
+def argmax_tokens_kernel(BEST, TOKENS, M, BLOCK_M: tl.constexpr, SLOTS: tl.constexpr, PDL: tl.constexpr):
+    """One program: the greedy tokens from the running maxima `fused_gemv_argmax_kernel` left (without its TAIL)."""
+    if PDL:  # resident while the LM head streams its weight
+        tl.extra.cuda.gdc_wait()
+    argmax_tokens(BEST, TOKENS, M, BLOCK_M, SLOTS)
+
+
+@triton.jit
+def argmax_tokens(BEST, TOKENS, M, BLOCK_M: tl.constexpr, SLOTS: tl.constexpr):
+    """TOKENS[row] from the greatest of the row's SLOTS keys (from L2), which it leaves zero for the next launch."""
+    rm = tl.arange(0, BLOCK_M)
+    at = BEST + (rm[:, None] * SLOTS + tl.arange(0, SLOTS)[None, :]) * 16
+    best = tl.max(tl.load(at, mask=(rm < M)[:, None], other=0, cache_modifier=".cg"), axis=1)
+    tl.store(TOKENS + rm, 2147483647 - (best & 2147483647), mask=rm < M)
+    tl.store(at, tl.zeros([BLOCK_M, SLOTS], tl.int64), mask=(rm < M)[:, None])
 
 
 @triton.jit
