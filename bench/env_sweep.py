@@ -66,11 +66,12 @@ def main() -> int:
             options = best_options(PRESETS[args.model])
             if routing:
                 options["routing"] = routing
-            if name == args.candidate and args.set:
-                options.update((k, _literal(v)) for k, v in (item.split("=", 1) for item in args.set))
-                name = "changed"
             files[name] = Path(tmp) / f"{name}.py"
             files[name].write_text(render("fast", options))
+            if name == args.candidate and args.set:
+                options.update((k, _literal(v)) for k, v in (item.split("=", 1) for item in args.set))
+                files["changed"] = Path(tmp) / "changed.py"
+                files["changed"].write_text(render("fast", options))
         candidate = "changed" if args.set else args.candidate
 
         also: set[str] = set()  # the other variables configs have set ("max ATHANOR_ROUTE_WARPS=1")

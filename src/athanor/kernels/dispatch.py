@@ -158,18 +158,10 @@ them, each on its own 128-byte line."""
 
 def argmax_best(device: Any) -> Tensor:
     """int64 running maxima of the greedy LM head's packed (logit, column) keys: ARGMAX_SLOTS per row of up to 8, 16
-    words apart (`fused_gemv_argmax_kernel` folds into them; whoever writes the tokens zeroes them)."""
+    words apart (`fused_gemv_argmax_kernel` folds into them; `argmax_tokens_kernel` reads and zeroes them)."""
     import torch
 
     return _zeroed("argmax_best", device, 8 * ARGMAX_SLOTS * 16, torch.int64)
-
-
-def argmax_tickets(device: Any) -> Tensor:
-    """The greedy LM head's tickets (`fused_gemv_argmax_kernel` under its TAIL): the launch's, then one per group
-    of programs."""
-    import torch
-
-    return _zeroed("argmax_tickets", device, 1 + 8192, torch.int32)
 
 
 def router_sums(device: Any) -> Tensor:

@@ -21,7 +21,6 @@ from athanor.kernels.dispatch import (
     PDL_EARLY,
     Impl,
     argmax_best,
-    argmax_tickets,
     cdiv,
     interpreting,
     launch_warps,
@@ -131,17 +130,12 @@ def fused_linear(x: Tensor, w: Tensor, bias: Tensor | None = None, *, norm_weigh
     return y
 
 
-ARGMAX_GROUP = 64
-"""Programs of the greedy LM head per group ticket (its TAIL): the launch's own ticket then takes one per group."""
-
-
 def fused_linear_argmax(x: Tensor, w: Tensor, norm_weight: Tensor, eps: float, impl: Impl = None
                         ) -> tuple[Tensor, Tensor]:
     """A greedy decode step's LM head: (tokens [M] int64, logits [M, N]), logits = rms_norm(x, norm_weight, eps) @ w.T
     as `fused_linear` makes them and tokens their rows' argmax (the first maximum; NaN never one), for <= 8 rows in
-    Triton (`fused_gemv_argmax_kernel`: each program's strip folded into the row's running maxima with an atomic;
-    the tokens written by the LM head's last program, or by a one-program kernel after it with
-    ATHANOR_GREEDY_TAIL=kernel, read at each launch), else `fused_linear` then `greedy`."""
+    Triton (`fused_gemv_argmax_kernel`: each program's strip folded into the row's running maxima with an atomic,
+    then `argmax_tokens_kernel`, one program, reads the tokens out), else `fused_linear` then `greedy`."""
     from athanor.kernels.sampling import greedy
 
     m, k = x.shape
@@ -156,19 +150,15 @@ def fused_linear_argmax(x: Tensor, w: Tensor, norm_weight: Tensor, eps: float, i
     )
 
     assert w.stride(1) == 1 and x.stride(1) == 1
-    assert n <= 4 * ARGMAX_GROUP * 8192, "a group ticket per ARGMAX_GROUP strips of >= 4 columns"
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     tokens = torch.empty(m, dtype=torch.long, device=x.device)
     if m == 0:
         return tokens, y
-    tail = os.environ.get("ATHANOR_GREEDY_TAIL", "ticket") != "kernel"
     best = argmax_best(x.device)
-    args = (x, w, norm_weight, y, _workspace(m, n, x.device), tickets(x.device), best, argmax_tickets(x.device),
-            tokens, m, n, k, eps, x.stride(0), w.stride(0), y.stride(0))
-    _launch(fused_gemv_argmax_kernel, fused_gemv_argmax_tuned, args,
-            {"SLOTS": ARGMAX_SLOTS, "GROUP": ARGMAX_GROUP, "TAIL": tail}, m, n, k)
-    if not tail:
-        argmax_tokens_kernel[(1,)](best, tokens, m, BLOCK_M=next_pow2(m), SLOTS=ARGMAX_SLOTS, **pdl(x))
+    args = (x, w, norm_weight, y, _workspace(m, n, x.device), tickets(x.device), best,
+            m, n, k, eps, x.stride(0), w.stride(0), y.stride(0))
+    _launch(fused_gemv_argmax_kernel, fused_gemv_argmax_tuned, args, {"SLOTS": ARGMAX_SLOTS}, m, n, k)
+    argmax_tokens_kernel[(1,)](best, tokens, m, BLOCK_M=next_pow2(m), SLOTS=ARGMAX_SLOTS, **pdl(x))
     return tokens, y
 
 

@@ -101,15 +101,12 @@ def test_fused_linear_matches_its_torch_composition(gen, m, prologue, residual):
 
 
 @triton_only
-@pytest.mark.parametrize("m, k, dtype, tail", [(1, 64, torch.float32, "ticket"), (3, 192, torch.bfloat16, "ticket"),
-                                               (3, 64, torch.bfloat16, "kernel")])  # K >= 192: split-K
-def test_fused_linear_argmax_is_the_lm_head_then_its_argmax(gen, m, k, dtype, tail, monkeypatch):
+@pytest.mark.parametrize("m, k, dtype", [(1, 64, torch.float32), (3, 192, torch.bfloat16)])  # K >= 192: split-K
+def test_fused_linear_argmax_is_the_lm_head_then_its_argmax(gen, m, k, dtype):
     """The greedy LM head: its logits are `fused_linear`'s with the norm inside, bit for bit, and its tokens their
     rows' first maximum (ties across strips to the smallest column; a NaN column never wins), launch after launch
-    (whoever writes the tokens leaves the row maxima and the tickets zero)."""
-    from athanor.kernels.dispatch import argmax_best, argmax_tickets, tickets
-
-    monkeypatch.setenv("ATHANOR_GREEDY_TAIL", tail)
+    (the tokens kernel leaves the row maxima zero, the split-K tickets are left zero)."""
+    from athanor.kernels.dispatch import argmax_best, tickets
 
     n = 100  # strips of 16 in the interpreter, the last one short
     x = torch.randn(m, k, generator=gen).to(dtype)
@@ -127,7 +124,7 @@ def test_fused_linear_argmax_is_the_lm_head_then_its_argmax(gen, m, k, dtype, ta
     assert logits[:, 50].isnan().all()
     assert tokens[0] == min(c for c in (3, 90, int(best[0])) if c != 50)
     assert torch.equal(tokens, logits.float().nan_to_num(nan=float("-inf")).argmax(-1))
-    assert not argmax_best(x.device).any() and not tickets(x.device).any() and not argmax_tickets(x.device).any()
+    assert not argmax_best(x.device).any() and not tickets(x.device).any()
 
 
 def test_fused_linear_argmax_falls_back_to_the_lm_head_then_greedy(gen):
