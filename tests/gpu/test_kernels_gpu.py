@@ -311,10 +311,11 @@ def test_best_candidate_matches_reference_in_bf16(dev, preset, fused_rows, tmp_p
 
 
 @pytest.mark.parametrize("preset", ["llama-3.2-1b", "qwen3-30b-a3b"])
-def test_greedy_lm_head_candidate_in_captured_steps(dev, preset, tmp_path):
-    """The best-known candidate with `lm_head=triton_greedy` through the engine's DecodeRunner (captured greedy
-    graphs, steps chained on the device as serving chains them): every step's tokens are its logits' argmax, and the
-    logits are those of the same candidate with the engine's argmax (`triton_fused`), bit for bit."""
+def test_greedy_lm_head_and_gather_in_captured_steps(dev, preset, tmp_path):
+    """The best-known candidate with `lm_head=triton_greedy` (tokens from the LM head's kernel) and then also
+    `embedding=triton_qkv_prologue` (the row gathered by the first QKV kernel) through the engine's DecodeRunner
+    (captured greedy graphs, steps chained on the device as serving chains them): every step's tokens are its logits'
+    argmax, and tokens and logits are the best-known candidate's, bit for bit."""
     import importlib.util
 
     from athanor.engine.graphs import DecodeRunner, StepInputs
@@ -325,14 +326,15 @@ def test_greedy_lm_head_candidate_in_captured_steps(dev, preset, tmp_path):
 
     model = random_model(PRESETS[preset].with_layers(2), device=dev, dtype=torch.bfloat16)
     runs = []
-    for lm_head in ("triton_fused", "triton_greedy"):
-        path = tmp_path / f"{lm_head}.py"
-        path.write_text(render("fast", {**best_options(model.spec), "lm_head": lm_head}))
-        spec = importlib.util.spec_from_file_location(f"greedy_lm_head_{preset}_{lm_head}", path)
+    variants = ({}, {"lm_head": "triton_greedy"}, {"lm_head": "triton_greedy", "embedding": "triton_qkv_prologue"})
+    for n, variant in enumerate(variants):
+        path = tmp_path / f"variant{n}.py"
+        path.write_text(render("fast", {**best_options(model.spec), **variant}))
+        spec = importlib.util.spec_from_file_location(f"greedy_gather_{preset}_{n}", path)
         module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
         spec.loader.exec_module(module)  # type: ignore[union-attr]
         forward = module.build(model, BuildContext(dev, torch.bfloat16, max_seqs=2, max_seq_len=128))
-        assert hasattr(forward, "decode_greedy") == (lm_head == "triton_greedy")
+        assert hasattr(forward, "decode_greedy") == ("lm_head" in variant)
         runner = DecodeRunner(forward, 2, model.spec.vocab_size, dev, (1,))
         runner.capture()
         forward.prefill(make_prefill_batch([[5, 6, 7, 8]], [0], device=dev))
@@ -350,8 +352,9 @@ def test_greedy_lm_head_candidate_in_captured_steps(dev, preset, tmp_path):
             assert torch.equal(tokens, logits.argmax(-1))
         runs.append(steps)
         runner.release()
-    for (t_a, l_a), (t_b, l_b) in zip(*runs, strict=True):
-        assert torch.equal(l_a, l_b) and torch.equal(t_a, t_b)
+    for other in runs[1:]:
+        for (t_a, l_a), (t_b, l_b) in zip(runs[0], other, strict=True):
+            assert torch.equal(l_a, l_b) and torch.equal(t_a, t_b)
 
 
 @pytest.mark.parametrize(("hq", "hkv", "d", "qk_norm", "hidden"), [(32, 8, 64, False, 2048), (32, 4, 128, True, 2048),

@@ -31,6 +31,7 @@ from athanor.kernels.dispatch import (
     tickets,
     use_triton,
 )
+from athanor.kernels.embedding import embedding
 from athanor.kernels.moe import route
 from athanor.kernels.norm import rms_norm_torch
 from athanor.kernels.rope import KVWrite, rope_into
@@ -163,15 +164,24 @@ def fused_linear_argmax(x: Tensor, w: Tensor, norm_weight: Tensor, eps: float, i
 
 
 def qkv_rope_cache(h: Tensor, w: Tensor, bias: Tensor | None, norm_weight: Tensor, eps: float, num_heads: int,
-                   cache: KVWrite, impl: Impl = None) -> Tensor:
+                   cache: KVWrite, impl: Impl = None, gather: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """The decode step's attention input for <= 8 rows in one kernel: q, k, v = rms_norm(h) @ w.T (+ bias)
     (w: the fused [(Hq + 2 Hkv) * D, H] QKV weight), then what `rope_and_cache` does: q and k q/k-normed
     (when the cache carries the norms) and rotated, k and v written into the cache. Returns q [M, Hq, D],
     rotated (a view of the QKV output: row stride (Hq + 2 Hkv) * D).
 
     In Triton the last strip of each head to be written rotates the head (a ticket per head, as split-K's),
-    so RoPE costs no launch; its values are `rope_and_cache`'s on the same projection, bit for bit."""
-    m, k = h.shape
+    so RoPE costs no launch; its values are `rope_and_cache`'s on the same projection, bit for bit.
+
+    `gather` = (tokens [M], out [M, H]), the first layer's: h is the token embedding [vocab, H] and the rows are
+    h[tokens], also written into `out` (the residual stream); for one row in Triton inside the same kernel (no
+    gather launch), else `embedding` first."""
+    if gather is not None:
+        tokens, rows = gather
+        if tokens.shape[0] != 1 or not use_triton(h, impl) or cache.k_cache.shape[-1] % (16 if interpreting() else 32):
+            rows.copy_(embedding(tokens, h, impl=impl))
+            return qkv_rope_cache(rows, w, bias, norm_weight, eps, num_heads, cache, impl)
+    m, k = h.shape if gather is None else (1, h.shape[1])
     d = cache.k_cache.shape[-1]
     num_kv = cache.k_cache.shape[1]
     n = w.shape[0]
@@ -190,11 +200,13 @@ def qkv_rope_cache(h: Tensor, w: Tensor, bias: Tensor | None, norm_weight: Tenso
     args = (h, w, bias if bias is not None else w, norm_weight, y, _workspace(m, n, h.device), tickets(h.device),
             cache.cos, cache.sin, cache.positions, cache.slots, c, cache.v_cache,
             cache.q_norm if norms else cache.cos, cache.k_norm if norms else cache.cos,
+            gather[0] if gather else cache.positions, gather[1] if gather else y,
             m, n, k, eps, h.stride(0), w.stride(0), y.stride(0), c.stride(0), c.stride(1), c.stride(2),
             num_heads, num_kv)
     if m:
         _launch(fused_gemv_rope_kernel, fused_gemv_rope_tuned, args,
-                {"HEAD_DIM": d, "QK_NORM": norms, "BIAS": bias is not None}, m, n, k, early=EPILOGUE_EARLY)
+                {"HEAD_DIM": d, "QK_NORM": norms, "BIAS": bias is not None, "GATHER": gather is not None}, m, n, k,
+                early=EPILOGUE_EARLY)
     return y.view(m, num_heads + 2 * num_kv, d)[:, :num_heads]
 
 

@@ -177,6 +177,29 @@ def test_qkv_rope_cache_is_the_projection_then_rope_and_cache_bit_for_bit(gen, m
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
 
 
+@triton_only
+@pytest.mark.parametrize("m", [1, 2])
+def test_qkv_rope_cache_gathers_the_first_layers_row_itself(gen, m):
+    """`gather`: the QKV kernel reads its row from the embedding at the token (one row: in the kernel; more: a gather
+    first) and writes it out, and everything is what the gather then the kernel make, bit for bit."""
+    heads, heads_kv, d, k, vocab = 4, 2, 32, 200, 50
+    table, tokens = torch.randn(vocab, k, generator=gen), torch.randint(0, vocab, (m,), generator=gen)
+    w, nw = torch.randn((heads + 2 * heads_kv) * d, k, generator=gen), torch.randn(k, generator=gen)
+    cache = _kv_write(gen, True, heads_kv, d, m=m)
+    results = []
+    for gather in (True, False):
+        c = replace(cache, k_cache=cache.k_cache.clone(), v_cache=cache.v_cache.clone())
+        rows = torch.full((m, k), float("nan"))
+        if gather:
+            q = qkv_rope_cache(table, w, None, nw, 1e-5, heads, c, impl="triton", gather=(tokens, rows))
+        else:
+            rows = F.embedding(tokens, table)
+            q = qkv_rope_cache(rows, w, None, nw, 1e-5, heads, c, impl="triton")
+        results.append((q, c.k_cache, c.v_cache, rows))
+    for got, expected in zip(*results, strict=True):
+        assert torch.equal(got, expected)
+
+
 def test_qkv_rope_cache_rejects_a_weight_of_other_head_counts(gen):
     with pytest.raises(AssertionError, match="fused QKV"):
         qkv_rope_cache(torch.randn(1, 64), torch.randn(100, 64), None, torch.ones(64), 1e-5, 4, _kv_write(gen, False))

@@ -205,6 +205,31 @@ def test_fused_layer_with_the_final_norm_in_the_lm_head_and_the_embedding_gather
     check(render("fast", options).replace("FUSED_ROWS = 1\n", "FUSED_ROWS = 3\n"), preset, tmp_path, gen)
 
 
+@pytest.mark.parametrize("preset", ["tiny-dense", ROUTED_ONLY], ids=["tiny-dense", "routed-only"])
+def test_one_row_decode_with_the_gather_in_the_first_qkv_kernel(preset, tmp_path, gen):
+    """`embedding=triton_qkv_prologue`: a one-row decode step on the fused layer gathers its row inside the first
+    layer's QKV kernel, which writes it out for the O projection's residual add; logits as the reference's (prefill
+    and the non-fused paths gather it first)."""
+    spec = PRESETS[preset] if isinstance(preset, str) else preset
+    model = random_model(spec.with_layers(LAYERS), seed=int(torch.randint(0, 1000, (1,), generator=gen)))
+    options = {**best_options(spec), "embedding": "triton_qkv_prologue", "lm_head": "triton_greedy"}
+    candidate = load_candidate(render("fast", options), tmp_path)
+    candidate.embedding = lambda *args, **kwargs: pytest.fail("the decode step gathered its row in a launch")
+    ctx = BuildContext(torch.device("cpu"), torch.float32, max_seqs=4, max_seq_len=64)
+    forwards = [candidate.build(model, ctx), build_reference(model, ctx)]
+    prompt = torch.randint(0, spec.vocab_size, (6,), generator=gen).tolist()
+    with torch.no_grad():
+        for fwd in forwards:
+            fwd.prefill(make_prefill_batch([prompt], [1]))
+        for step in range(2):
+            token, pos = torch.randint(0, spec.vocab_size, (1,), generator=gen), torch.tensor([6 + step])
+            batch = DecodeBatch(token, pos, torch.tensor([1]), pos)
+            tokens, logits = forwards[0].decode_greedy(batch)
+            expected = forwards[1].decode(batch)
+            torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+            assert torch.equal(tokens, logits.argmax(-1))
+
+
 @pytest.mark.parametrize("gemv, expected", [("onednn", [1, 3, 16, 40]), ("onednn_decode", [3, 16])])
 def test_onednn_takes_the_rows_its_option_names(gemv, expected, tmp_path, monkeypatch):
     """'onednn' sends every linear layer through oneDNN; 'onednn_decode' only 2-32 rows (one row and prefills

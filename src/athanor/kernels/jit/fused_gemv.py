@@ -43,7 +43,7 @@ def fused_gemv_kernel(
     PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr,
 ):
     gemv_strip(X, X2, W, B, NW, R, Y, WS, TICKETS, M, N, K, eps, x_s0, x2_s0, w_s0, r_s0, y_s0,
-               NORM, SILU, BIAS, RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK)
+               NORM, SILU, BIAS, RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK, X, False)
 
 
 @triton.jit
@@ -51,11 +51,12 @@ def gemv_strip(
     X, X2, W, B, NW, R, Y, WS, TICKETS, M, N, K, eps, x_s0, x2_s0, w_s0, r_s0, y_s0,
     NORM: tl.constexpr, SILU: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr,
+    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr, IDS, GATHER: tl.constexpr,
 ):
     """The body of `fused_gemv_kernel`, for the kernels that do more after it (`fused_gemv_rope_kernel`,
     `fused_gemv_route_kernel`, `fused_gemv_argmax_kernel`). Returns (whether this program wrote its strip of Y:
-    always without split-K, only the strip's last split with it; the [BLOCK_M, BLOCK_N] values it wrote there)."""
+    always without split-K, only the strip's last split with it; the [BLOCK_M, BLOCK_N] values it wrote there).
+    GATHER (one row): the input row is X's row IDS[0] (X a table: the token embedding), read after the PDL wait."""
     if PDL and EARLY:  # let the next kernel's programs become resident now (see dispatch.PDL_EARLY)
         tl.extra.cuda.gdc_launch_dependents()
     pid_n = tl.program_id(0)
@@ -70,6 +71,8 @@ def gemv_strip(
                       other=0.0)
     if PDL:
         tl.extra.cuda.gdc_wait()
+    if GATHER:
+        X = X + tl.load(IDS).to(tl.int64) * x_s0
 
     rstd = tl.zeros([BLOCK_M], tl.float32)
     if NORM:
@@ -127,18 +130,26 @@ def strip_end(acc, pid_n, pid_k, strips, B, R, Y, WS, TICKETS, M, N, r_s0, y_s0,
 
 @triton.jit
 def fused_gemv_rope_kernel(
-    X, W, B, NW, Y, WS, TICKETS, COS, SIN, POS, SLOTS, K_CACHE, V_CACHE, QN, KN,
+    X, W, B, NW, Y, WS, TICKETS, COS, SIN, POS, SLOTS, K_CACHE, V_CACHE, QN, KN, IDS, H,
     M, N, K, eps, x_s0, w_s0, y_s0, c_s0, c_s1, c_s2, NUM_Q_HEADS, NUM_KV_HEADS,
-    HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr, BIAS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr, BIAS: tl.constexpr, GATHER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr,
 ):
     """The QKV projection of the RMS-normed residual stream X, then what `rope_kernel` does: the last
     strip of each head to be written (a ticket per head, after the split-K ones) rotates it, q/k-normed
     first under QK_NORM: a q head in place in Y, a k head into K_CACHE at [slot, head, position]; a v
-    head is copied into V_CACHE. Y [M, (Hq + 2 Hkv) * HEAD_DIM]; BLOCK_N divides HEAD_DIM."""
+    head is copied into V_CACHE. Y [M, (Hq + 2 Hkv) * HEAD_DIM]; BLOCK_N divides HEAD_DIM.
+    GATHER (the first layer, one row): X is the token embedding and the row is X[IDS[0]], which the first
+    program also writes into H [1, K] (the residual stream the layer's O projection adds to): no gather launch."""
     done, _ = gemv_strip(X, X, W, B, NW, Y, Y, WS, TICKETS, M, N, K, eps, x_s0, 0, w_s0, 0, y_s0,
-                         True, False, BIAS, False, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK)
+                         True, False, BIAS, False, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK,
+                         IDS, GATHER)
+    if GATHER and tl.program_id(0) == 0 and tl.program_id(1) == 0:
+        row = X + tl.load(IDS).to(tl.int64) * x_s0
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            tl.store(H + ks, tl.load(row + ks, mask=ks < K), mask=ks < K)
     if done:
         head = tl.program_id(0) * BLOCK_N // HEAD_DIM
         ticket = TICKETS + tl.num_programs(0) + head
@@ -165,7 +176,8 @@ def fused_gemv_argmax_kernel(
     LM head 61 us (qwen3-30b-a3b's; 225 us llama-3.1-8b's) on an H200: every program then waits for an atomic's
     round trip before it exits, and two programs an SM stream the weight."""
     done, out = gemv_strip(X, X, W, W, NW, Y, Y, WS, TICKETS, M, N, K, eps, x_s0, 0, w_s0, 0, y_s0,
-                           True, False, False, False, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK)
+                           True, False, False, False, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK,
+                           X, False)
     if done:
         pid = tl.program_id(0)
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)

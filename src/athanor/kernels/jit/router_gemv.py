@@ -27,7 +27,8 @@ def fused_gemv_route_kernel(
     """The router's logits Y [M, E] of the RMS-normed residual stream X, then what `route_kernel` does: the
     last strip to be written (a ticket over all strips) picks each row's top-k into IDS and TOPW [M, TOP_K]."""
     done, _ = gemv_strip(X, X, W, W, NW, Y, Y, WS, TICKETS, M, N, K, eps, x_s0, 0, w_s0, 0, y_s0,
-                         True, False, False, False, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK)
+                         True, False, False, False, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK,
+                         X, False)
     if done:
         ticket = TICKETS + tl.num_programs(0)
         if last_of_group(ticket, tl.num_programs(0)):
@@ -56,7 +57,8 @@ def fused_gemv_router_kernel(
     # The router's strip (weights: no earlier kernel writes them) is loaded before the projection's wait.
     rw = router_strip(RW, RNW, rn, n_mask, N, E, BLOCK_E)
     done, _ = gemv_strip(X, X, W, W, W, R, Y, WS, TICKETS, M, N, K, 0.0, x_s0, 0, w_s0, r_s0, y_s0,
-                         False, False, False, True, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK)
+                         False, False, False, True, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK,
+                         X, False)
     if done:
         add_router_share(rw, Y, SUMS, rn, n_mask, M, E, scale, y_s0, BLOCK_E, BLOCK_M)
 

@@ -344,15 +344,20 @@ class FastForward:
                                 early_keys=bool(OPTIONS["early_keys"]), split_early=bool(OPTIONS["split_early"]))
 
     def _attend_fused(self, i: int, layer: Layer, h: Tensor, positions: Tensor, slots: Tensor,
-                      kv_lens: Tensor) -> Tensor:
+                      kv_lens: Tensor, tokens: Tensor | None = None) -> Tensor:
         """Attention of layer i for the residual stream h: the QKV projection with the RMSNorm inside, then
         `_attend`; with `qkv_epilogue`, RoPE, the q/k norms and the cache write happen inside the projection
-        too (`qkv_rope_cache`: the last strip of each head rotates it)."""
+        too (`qkv_rope_cache`: the last strip of each head rotates it). `tokens`: h is still to be gathered from the
+        embedding, by the projection's kernel, which writes it (qkv_epilogue only)."""
         if not self.qkv_epilogue:
             q, k, v = self._qkv(layer, h, norm=layer.attn_norm)
             return self._attend(i, layer, q, k, v, positions, slots, kv_lens)
         kv = self._kv_write(i, layer, positions, slots)
-        q = qkv_rope_cache(h, layer.wqkv, layer.bqkv, layer.attn_norm, self.eps, self.spec.num_heads, kv)
+        if tokens is not None:
+            q = qkv_rope_cache(self.embed, layer.wqkv, layer.bqkv, layer.attn_norm, self.eps, self.spec.num_heads, kv,
+                               gather=(tokens, h))
+        else:
+            q = qkv_rope_cache(h, layer.wqkv, layer.bqkv, layer.attn_norm, self.eps, self.spec.num_heads, kv)
         return self._attention(i, q, slots, kv_lens)
 
     def _kv_write(self, i: int, layer: Layer, positions: Tensor, slots: Tensor) -> KVWrite:
@@ -393,9 +398,11 @@ class FastForward:
         layer's experts run as `_moe_fused`. h is the residual stream: the reference's x after each
         `x = x + ...`."""
         kv_lens = self._kv_lens(positions)
-        h = self._embedding(tokens)  # [B, H]
+        # The gather inside the first layer's QKV kernel (one row, with the RoPE epilogue): one launch fewer.
+        fold = OPTIONS["embedding"] == "triton_qkv_prologue" and self.qkv_epilogue and tokens.shape[0] == 1
+        h = self.embed.new_empty((1, self.spec.hidden_size)) if fold else self._embedding(tokens)  # [B, H]
         for i, layer in enumerate(self.layers):
-            attn = self._attend_fused(i, layer, h, positions, slots, kv_lens)
+            attn = self._attend_fused(i, layer, h, positions, slots, kv_lens, tokens if fold and i == 0 else None)
             if layer.moe and not layer.has_mlp and OPTIONS["routing"] == "triton_moe_block":
                 h = self._moe_block(i, layer, attn.flatten(1), h)
                 continue
@@ -423,7 +430,7 @@ class FastForward:
 
     def _embedding(self, tokens: Tensor) -> Tensor:
         """The decode rows' embeddings [B, H]."""
-        if OPTIONS["embedding"] == "triton":
+        if OPTIONS["embedding"] != "torch":
             return embedding(tokens, self.embed)
         return F.embedding(tokens, self.embed)
 
