@@ -10,6 +10,6 @@ routing=${ROUTING:-.routing/qwen3-30b-a3b_gsm8k_en.json}
 for model in ${MODELS:-qwen3-30b-a3b llama-3.1-8b}; do
   replay=""; [ "$model" = qwen3-30b-a3b ] && replay=$routing
   timeout 250 python3 bench/step_tune.py --model "$model" ${replay:+--routing "$replay"} --kernels fused_gemv_argmax_kernel \
-    --set lm_head=triton_greedy --set embedding=triton_qkv_prologue --budget "${BUDGET:-110}" 2>&1 \
-    | grep -E "^start|check|argmax_kernel: |Error" | grep -v "^check (start|tuned):"
+    --set lm_head=triton_greedy --set embedding=triton_qkv_prologue --budget "${BUDGET:-110}" 2>&1 | tee "$OUT/step_tune_$model.log" \
+    | grep -E "^start|^check:|argmax_kernel: |Error"
 done
