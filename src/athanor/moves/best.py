@@ -37,6 +37,13 @@ the gather alone; alternating, one call, `bench/results/lm-head-ab31ad2/`): the 
 vocabulary weight at ~4.5 TB/s where cuBLAS read it at ~4.2 (138 against 147 us on the step's critical path) and the
 norm kernel and cuBLAS's memset go; llama-3.2-1b 0.869, 0.870 against 0.880, 0.881 and llama-3.1-8b 4.167 against 4.188
 (alternating, one call, `bench/results/step-copies-ccf91f1/`).
+`lm_head=triton_greedy` (the greedy argmax folded into the LM head: each program's strip into the row's running
+maxima with one atomic, a one-program kernel reads the tokens; the engine's argmax kernel goes): qwen3-30b-a3b 2.397,
+2.398, 2.398 against 2.402, 2.401; llama-3.2-1b 0.861, 0.862 against 0.865, 0.863 (alternating, one call,
+`bench/results/greedy-lm-head-10971d3/`). Not for llama-3.1-8b (hidden size 4096): 4.175 against 4.115, and 4.168 at
+the best of its 24 configs tuned in the step (`bench/results/greedy-tune-ce08ef4/`), for reasons not established
+(the same registers, no spills). `embedding=triton_qkv_prologue` (the row gathered by the first QKV kernel) measured
+neutral with or without it (qwen3-30b-a3b 2.398 with both, 2.400-2.402 alone) and is left to the search.
 """
 
 from __future__ import annotations
@@ -60,7 +67,7 @@ BEST_CUDA: dict[str, Any] = {
     "compile": None,
     "graphs": True,
     "merge_early": True,
-    "lm_head": "triton_fused",
+    "lm_head": "triton_greedy",
     "embedding": "triton",
 }
 
@@ -90,6 +97,8 @@ def best_options(spec: ModelSpec, device: str = "cuda", lossy: bool = False) -> 
         if device.startswith("cuda"):  # the router's sums in the O projection; the merge launched as attention starts
             options["routing"] = "triton_o_epilogue"
             options["early_keys"] = options["split_early"] = True
+    if spec.hidden_size > 2048:  # llama-3.1-8b's greedy LM head is slower at every config (see the docstring)
+        options["lm_head"] = "triton_fused"
     if lossy:
         options["linear_dtype"] = "bfloat16"
     return options

@@ -149,15 +149,19 @@ MOVES: tuple[Move, ...] = (
              "the last layer ends. H200, batch 1: qwen3-30b-a3b's LM head 138 us (~4.5 TB/s) against cuBLAS's 147 "
              "(~4.2), the step 2.409 vs 2.424 ms; with embedding='triton' too llama-3.2-1b 0.869 vs 0.880, "
              "llama-3.1-8b 4.167 vs 4.188. 'triton_greedy': that, and in a step whose rows are all greedy the "
-             "argmax too, folded into the LM head's epilogue (each program's strip into the row's maximum with one "
-             "atomic; the last program writes the tokens): the engine's argmax launch goes. Changes no value."),
+             "argmax too (the forward's `decode_greedy`): each LM head program folds its strip's argmax into the "
+             "row's running maxima with one atomic, a one-program kernel reads the tokens out, and the engine's "
+             "argmax kernel goes. H200, batch 1: qwen3-30b-a3b 2.397-2.398 vs 2.401-2.402 ms, llama-3.2-1b 0.861-0.862 "
+             "vs 0.863-0.865; llama-3.1-8b 4.168 at its best config vs 4.115 (slower). Changes no value."),
     Move("embedding", ("torch", "triton", "triton_qkv_prologue"), "torch",
          doc="The decode step's token embedding as a Triton gather that, under programmatic dependent launch, lets "
              "the next kernel launch as it starts: the first layer's QKV GEMV loads its first weight tiles while "
              "the rows are gathered (after F.embedding's kernel it launches only as that ends). H200, batch 1: "
              "qwen3-30b-a3b 2.420 vs 2.424 ms. 'triton_qkv_prologue': at one row on the fused layer with "
              "rope='triton_qkv_epilogue', the first layer's QKV kernel reads its row from the embedding itself "
-             "(and writes it out for the O projection's residual add): no gather launch. Changes no value."),
+             "(and writes it out for the O projection's residual add): no gather launch; neutral on the H200 "
+             "(qwen3-30b-a3b 2.400-2.402 vs 2.401-2.402 ms, 2.398 with lm_head='triton_greedy' either way). "
+             "Changes no value."),
     Move("linear_dtype", (None, "bfloat16"), None, lossy=True,
          doc="Linear layers (every projection, the dense and shared-expert MLPs, the LM head) run on bf16 copies "
              "of their weights made in build(): activations are cast to bf16 and each result back to the model "
