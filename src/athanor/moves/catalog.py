@@ -152,7 +152,8 @@ MOVES: tuple[Move, ...] = (
              "argmax too (the forward's `decode_greedy`): each LM head program folds its strip's argmax into the "
              "row's running maxima with one atomic, a one-program kernel reads the tokens out, and the engine's "
              "argmax kernel goes. H200, batch 1: qwen3-30b-a3b 2.397-2.398 vs 2.401-2.402 ms, llama-3.2-1b 0.861-0.862 "
-             "vs 0.863-0.865; llama-3.1-8b 4.168 at its best config vs 4.115 (slower). Changes no value."),
+             "vs 0.863-0.865; llama-3.1-8b 4.168 at its best config vs 4.115 (slower). The logits are the "
+             "fused LM head's, bit for bit where both launch one config."),
     Move("embedding", ("torch", "triton", "triton_qkv_prologue"), "torch",
          doc="The decode step's token embedding as a Triton gather that, under programmatic dependent launch, lets "
              "the next kernel launch as it starts: the first layer's QKV GEMV loads its first weight tiles while "
