@@ -108,6 +108,9 @@ class DecodeRunner:
         self._pool: Any = None  # the graphs' shared memory pool handle
         self._last: tuple[int, int, bool] | None = None
         """(rows, bucket, greedy) of the last graph replayed (what `step_again` continues)."""
+        self.forward_tokens = False
+        """Whether a greedy step took its tokens from the forward's `decode_greedy` (a graph captured one, say): set
+        once and kept, so that a forward dropping the method afterwards does not escape the evaluator's check."""
 
     @property
     def captured(self) -> bool:
@@ -127,6 +130,7 @@ class DecodeRunner:
         rows = int(x.tokens.shape[0])
         fused = getattr(self.forward, "decode_greedy", None) if greedy else None
         if fused is not None:
+            self.forward_tokens = True
             out = fused(batch)
             if not (isinstance(out, tuple) and len(out) == 2):
                 raise CandidateError(f"decode_greedy() returned {type(out).__name__}, expected (tokens [{rows}], "

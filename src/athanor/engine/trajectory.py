@@ -232,7 +232,7 @@ def _run_one(engine: Engine, resident: Resident, x: Any, kind: str) -> tuple[Ten
 def _check_tokens(resident: Resident, tokens: Tensor | None, argmax: Tensor) -> None:
     """A forward that makes its own greedy tokens (`decode_greedy`) must hand back its logits' argmax: checked on every
     run, timed ones included (they are the same runs), so a candidate cannot win by skipping or faking them."""
-    if tokens is None or getattr(resident.forward, "decode_greedy", None) is None:
+    if tokens is None or not resident.runner.forward_tokens:
         return
     if not torch.equal(tokens, argmax):
         rows = (tokens != argmax).nonzero().flatten().tolist()

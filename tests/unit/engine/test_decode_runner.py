@@ -28,8 +28,9 @@ def test_greedy_steps_take_decode_greedy_and_check_what_it_returns() -> None:
         return (logits.argmax(-1) + 1) % spec.vocab_size, logits  # tokens of its own making, whatever they are
 
     forward.decode_greedy = decode_greedy
+    assert not runner.forward_tokens
     tokens, logits, used_graph = runner.step(x, greedy=True)
-    assert calls == [1] and not used_graph
+    assert calls == [1] and not used_graph and runner.forward_tokens
     assert torch.equal(tokens, (logits.argmax(-1) + 1) % spec.vocab_size)  # the runner passes them on (checking
     # them against the logits is the evaluator's: `trajectory._check_tokens`)
     runner.step(x)  # a sampled step: decode(), not decode_greedy()

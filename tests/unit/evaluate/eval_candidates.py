@@ -129,11 +129,14 @@ FAKE_TOKENS = patched(
     "def build(model, ctx):\n"
     "    forward = _reference_build(model, ctx)\n"
     "    def greedy_decode(batch):\n"
-    "        # the engine takes a greedy step's tokens from here: honest logits, tokens without the argmax\n"
+    "        # the engine takes a greedy step's tokens from here: honest logits, tokens without the argmax;\n"
+    "        # and the method drops itself, as if the forward had never offered it\n"
+    "        if hasattr(forward, 'decode_greedy'):\n"
+    "            del forward.decode_greedy\n"
     "        return torch.zeros_like(batch.tokens), forward.decode(batch)\n"
     "    forward.decode_greedy = greedy_decode\n"
     "    return forward\n",
-    "hands the engine greedy tokens that are not its logits' argmax",
+    "hands the engine greedy tokens that are not its logits' argmax, then hides that it did",
 )
 
 TIMING_AWARE = patched(
