@@ -176,17 +176,16 @@ def qkv_rope_cache(h: Tensor, w: Tensor, bias: Tensor | None, norm_weight: Tenso
     `gather` = (tokens [M], out [M, H]), the first layer's: h is the token embedding [vocab, H] and the rows are
     h[tokens], also written into `out` (the residual stream); for one row in Triton inside the same kernel (no
     gather launch), else `embedding` first."""
-    if gather is not None:
-        tokens, rows = gather
-        if tokens.shape[0] != 1 or not use_triton(h, impl) or cache.k_cache.shape[-1] % (16 if interpreting() else 32):
-            rows.copy_(embedding(tokens, h, impl=impl))
-            return qkv_rope_cache(rows, w, bias, norm_weight, eps, num_heads, cache, impl)
-    m, k = h.shape if gather is None else (1, h.shape[1])
     d = cache.k_cache.shape[-1]
+    in_kernel = use_triton(h, impl) and d % (16 if interpreting() else 32) == 0  # BLOCK_N | head_dim
+    if gather is not None and (gather[0].shape[0] != 1 or not in_kernel):  # the rows gathered first
+        gather[1].copy_(embedding(gather[0], h, impl=impl))
+        h, gather = gather[1], None
+    m, k = h.shape if gather is None else (1, h.shape[1])
     num_kv = cache.k_cache.shape[1]
     n = w.shape[0]
     assert n == (num_heads + 2 * num_kv) * d, "w is not a fused QKV weight for these head counts"
-    if m > MAX_FUSED_ROWS or not use_triton(h, impl) or d % (16 if interpreting() else 32):  # BLOCK_N | head_dim
+    if m > MAX_FUSED_ROWS or not in_kernel:
         qkv = fused_linear(h, w, bias, norm_weight=norm_weight, eps=eps, impl=impl)
         q, kk, v = qkv.view(m, num_heads + 2 * num_kv, d).split([num_heads, num_kv, num_kv], dim=1)
         return rope_into(q, kk, v, cache, eps, impl=impl)

@@ -372,8 +372,8 @@ class FastForward:
 
     def decode_layers(self, tokens: Tensor, positions: Tensor, slots: Tensor,
                       greedy_tokens: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """Logits [B, vocab] of one decode step, or with `greedy_tokens` (their rows' argmax [B], logits); a pure function
-        of its inputs and the caches (compilable)."""
+        """Logits [B, vocab] of one decode step; a pure function of its inputs and the caches (compilable). With
+        `greedy_tokens`, (argmax [B], logits) where the LM head's kernel makes the argmax (`_decode_fused`)."""
         if (OPTIONS["gemv"] == "triton_fused" and (self.spec.moe is None or OPTIONS["moe"] == "triton")
                 and tokens.shape[0] <= FUSED_ROWS and use_triton(tokens)):
             return self._decode_fused(tokens, positions, slots, greedy_tokens)
@@ -388,8 +388,7 @@ class FastForward:
             h, residual = self._norm(x, residual, layer.mlp_norm)
             x = self._mlp(i, layer, h)
         assert residual is not None
-        logits = self._logits(x, residual)
-        return (greedy(logits), logits) if greedy_tokens else logits
+        return self._logits(x, residual)
 
     def _decode_fused(self, tokens: Tensor, positions: Tensor, slots: Tensor,
                       greedy_tokens: bool = False) -> Tensor | tuple[Tensor, Tensor]:
@@ -421,12 +420,10 @@ class FastForward:
             gate, up = self._gate_up(layer, h, norm=layer.mlp_norm)
             h = fused_linear(gate, layer.w_down, up=up, residual=h)
         if OPTIONS["lm_head"] != "linear" and self.lm_head.dtype == h.dtype:  # the final norm inside the GEMV
-            if greedy_tokens and OPTIONS["lm_head"] == "triton_greedy":  # and the argmax in its epilogue
+            if greedy_tokens and OPTIONS["lm_head"] == "triton_greedy":  # and the argmax folded in
                 return fused_linear_argmax(h, self.lm_head, self.norm, self.eps)
-            logits = fused_linear(h, self.lm_head, norm_weight=self.norm, eps=self.eps)
-        else:
-            logits = self._linear(rms_norm(h, self.norm, self.eps, impl=impl("rmsnorm")), self.lm_head)
-        return (greedy(logits), logits) if greedy_tokens else logits
+            return fused_linear(h, self.lm_head, norm_weight=self.norm, eps=self.eps)
+        return self._linear(rms_norm(h, self.norm, self.eps, impl=impl("rmsnorm")), self.lm_head)
 
     def _embedding(self, tokens: Tensor) -> Tensor:
         """The decode rows' embeddings [B, H]."""
@@ -492,10 +489,9 @@ class FastForward:
 
     def _decode_greedy(self, batch: DecodeBatch) -> tuple[Tensor, Tensor]:
         """`decode_greedy` of the seam (bound as it with lm_head="triton_greedy"): the step's greedy tokens with its
-        logits, the tokens made in the LM head's kernel on the fused layer's path."""
+        logits, the tokens made in the LM head's kernel on the fused layer's path, by `greedy` after it elsewhere."""
         out = self._decode_layers(batch.tokens, batch.positions, batch.slots, True)
-        assert isinstance(out, tuple)
-        return out
+        return out if isinstance(out, tuple) else (greedy(out), out)
 
 
 def build(model: Model, ctx: BuildContext) -> FastForward:
