@@ -27,14 +27,9 @@ fi
 # The candidate files of an A/B (see bench/gpu_qwen3_rope.sh):
 variant() {  # variant FILE MODEL KEY=VALUE...: the model's best-known options with some changed (VALUE a Python
   # literal, True or 1 say, else a string)
-  python3 -c 'import ast, sys; from athanor.moves import best_options, render; from athanor.model.presets import PRESETS
-def value(text):
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
+  python3 -c 'import sys; from athanor.moves import best_options, parse_settings, render; from athanor.model.presets import PRESETS
 opts = best_options(PRESETS[sys.argv[1]])
-opts.update((k, value(v)) for k, v in (a.split("=", 1) for a in sys.argv[2:]))
+opts.update(parse_settings(sys.argv[2:]))
 print(render("fast", opts))' "${@:2}" > "$1"
 }
 

@@ -20,7 +20,6 @@ Writes $OUT/sweep_<var>_<model>.json (every timing, the block's grids) and print
 from __future__ import annotations
 
 import argparse
-import ast
 import gc
 import os
 import tempfile
@@ -51,7 +50,7 @@ def main() -> int:
 
     from athanor.kernels.moe_block import _RESIDENT
     from athanor.model.presets import PRESETS
-    from athanor.moves import best_options, render
+    from athanor.moves import best_options, parse_settings, render
     from athanor.moves.decode_bench import bench_decode
     from decode_matrix import load_or_say
 
@@ -69,7 +68,7 @@ def main() -> int:
             files[name] = Path(tmp) / f"{name}.py"
             files[name].write_text(render("fast", options))
             if name == args.candidate and args.set:
-                options.update((k, _literal(v)) for k, v in (item.split("=", 1) for item in args.set))
+                options.update(parse_settings(args.set))
                 files["changed"] = Path(tmp) / "changed.py"
                 files["changed"].write_text(render("fast", options))
         candidate = "changed" if args.set else args.candidate
@@ -125,13 +124,6 @@ def main() -> int:
         print(f"{t['label']:<48} {t.get('ms_per_token', float('nan')):>9.4f}")
     print(f"check: best {check['best']}, {candidate} [{args.var}={fastest}] {check['candidate']} ms")
     return 0
-
-
-def _literal(text: str) -> Any:
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
 
 
 if __name__ == "__main__":

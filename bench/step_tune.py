@@ -34,7 +34,7 @@ def main() -> int:
     parser.add_argument("--model", required=True)
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
-                        help="a best-known option changed (repeatable)")
+                        help="a best-known option changed (repeatable; VALUE a Python literal, else a string)")
     parser.add_argument("--routing", default=None, help="a recorded routing profile to replay (MoE)")
     parser.add_argument("--kernels", default=",".join(ORDER), help="the kernels whose shapes are tuned")
     parser.add_argument("--where", action="append", default=[], metavar="META=VALUE",
@@ -46,12 +46,12 @@ def main() -> int:
 
     from athanor.kernels.jit import pinned
     from athanor.model.presets import PRESETS
-    from athanor.moves import best_options, render
+    from athanor.moves import best_options, parse_settings, render
     from athanor.moves.decode_bench import bench_decode
     from decode_matrix import load_or_say
 
     options = best_options(PRESETS[args.model])
-    options.update(dict(item.split("=", 1) for item in args.set))
+    options.update(parse_settings(args.set))
     loaded = load_or_say(args.model, args.routing)
     if loaded is None:
         return 1

@@ -9,7 +9,7 @@
 
 from athanor.moves.best import best_candidate, best_options
 from athanor.moves.catalog import MOVES, MOVES_BY_NAME, Move, baseline_options, search_space
-from athanor.moves.render import TEMPLATES, read_options, render, template_source, validate
+from athanor.moves.render import TEMPLATES, parse_settings, read_options, render, template_source, validate
 
 __all__ = [
     "MOVES",
@@ -19,6 +19,7 @@ __all__ = [
     "baseline_options",
     "best_candidate",
     "best_options",
+    "parse_settings",
     "read_options",
     "render",
     "search_space",

@@ -51,6 +51,20 @@ def read_options(source: str) -> dict[str, Any]:
     return value
 
 
+def parse_settings(items: list[str]) -> dict[str, Any]:
+    """OPTION=VALUE texts (a command line's) as options: VALUE a Python literal (True, 1, None), else a string."""
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep:
+            raise ConfigError(f"{item!r} is not OPTION=VALUE")
+        try:
+            out[name] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            out[name] = text
+    return out
+
+
 def validate(options: dict[str, Any]) -> dict[str, Any]:
     """`options` over the baseline, after checking every name and value against its Move."""
     for name, value in options.items():

@@ -121,3 +121,12 @@ def test_every_render_passes_the_evaluators_static_checks(options):
     from athanor.evaluate.static_checks import check_source
 
     assert check_source(render("fast", options)) == []
+
+
+def test_settings_from_a_command_line_are_literals_else_strings():
+    from athanor.moves import parse_settings
+
+    assert parse_settings(["merge_early=True", "compile=None", "lm_head=triton_greedy", "x=1"]) == {
+        "merge_early": True, "compile": None, "lm_head": "triton_greedy", "x": 1}
+    with pytest.raises(ConfigError, match="'lm_head' is not OPTION=VALUE"):
+        parse_settings(["lm_head"])
