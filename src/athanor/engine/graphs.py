@@ -151,10 +151,12 @@ class DecodeRunner:
         self._pad_from(0)
         stream = capture_stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
+        # A forward's own greedy path is other code than its decode (a kernel to tune, say): warmed too.
+        paths = (False, True) if getattr(self.forward, "decode_greedy", None) is not None else (False,)
         with torch.cuda.stream(stream):  # warm-up outside capture: lazy inits, autotuning, allocator
             for _ in range(2):
                 for rows in self.buckets:
-                    for greedy in (False, True):  # what each graph runs (a forward's `decode_greedy` included)
+                    for greedy in paths:
                         self.eager(self._view(rows), greedy)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         for rows in reversed(self.buckets):
