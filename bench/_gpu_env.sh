@@ -41,3 +41,11 @@ gpu_tests() {  # gpu_tests SECONDS EXPR [PATTERN]: the GPU kernel tests matching
     -k "$2" > "$OUT/gpu_tests.log" 2>&1
   grep -E "passed|failed|FAILED|Error${3:+|$3}" "$OUT/gpu_tests.log" | tail -8
 }
+
+log_clocks() {  # log_clocks: the GPU's SM and memory clocks, power and temperature every second into $OUT/clocks.csv
+  # (in the background, for this call), and its active clock limits when the call exits ($OUT/performance.txt): a
+  # cell that reads slow after minutes of load may be a clock that dropped, not the code
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 1000 \
+    > "$OUT/clocks.csv" 2>&1 &
+  trap 'kill %1 2>/dev/null; nvidia-smi -q -d PERFORMANCE,CLOCK > "$OUT/performance.txt" 2>&1' EXIT
+}

@@ -7,6 +7,7 @@
 #   ATHANOR_COMMIT=<hash> MODEL=qwen3-30b-a3b VARIANTS="best;prefetch_o=merge;merge_early=True" [RUNS=2] \
 #     [TESTS=EXPR] [BUDGET=420] [PROFILE=1] bash bench/gpu_variants.sh
 source "$(dirname "$0")/_gpu_env.sh"
+log_clocks
 [ -n "${TESTS:-}" ] && gpu_tests 150 "$TESTS"
 routing=${ROUTING:-.routing/qwen3-30b-a3b_gsm8k_en.json}
 [ -f "$routing" ] || routing=""

@@ -320,53 +320,75 @@ def test_best_candidate_matches_reference_in_bf16(dev, preset, fused_rows, tmp_p
     assert (cand.argmax(-1) == truth.argmax(-1))[decided & counted].all()
 
 
-@pytest.mark.parametrize("preset", ["llama-3.2-1b", "qwen3-30b-a3b"])
-def test_greedy_lm_head_and_gather_in_captured_steps(dev, preset, tmp_path):
-    """The best-known candidate with `lm_head=triton_greedy` (tokens from the LM head's kernel) and then also
-    `embedding=triton_qkv_prologue` (the row gathered by the first QKV kernel) through the engine's DecodeRunner
-    (captured greedy graphs, steps chained on the device as serving chains them): every step's tokens are its logits'
-    argmax, and tokens and logits are those of the candidate with the engine's argmax (`triton_fused`), bit for bit
-    (these models' LM heads launch one config with the argmax and without)."""
+def _captured_steps(model, variant: dict, dev, path) -> list:
+    """Seven greedy decode steps of the model's best-known candidate with `variant`'s options changed, through the
+    engine's DecodeRunner (captured greedy graphs, steps chained on the device as serving chains them): each step's
+    (tokens, logits), the tokens checked to be the logits' argmax."""
     import importlib.util
 
     from athanor.engine.graphs import DecodeRunner, StepInputs
     from athanor.model import BuildContext, make_prefill_batch
-    from athanor.model.presets import PRESETS
-    from athanor.model.random_init import random_model
     from athanor.moves import best_options, render
 
-    model = random_model(PRESETS[preset].with_layers(2), device=dev, dtype=torch.bfloat16)
-    runs = []
-    variants = ({"lm_head": "triton_fused"}, {"lm_head": "triton_greedy"},
-                {"lm_head": "triton_greedy", "embedding": "triton_qkv_prologue"})
-    for n, variant in enumerate(variants):
-        path = tmp_path / f"variant{n}.py"
-        path.write_text(render("fast", {**best_options(model.spec), **variant}))
-        spec = importlib.util.spec_from_file_location(f"greedy_gather_{preset}_{n}", path)
-        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
-        forward = module.build(model, BuildContext(dev, torch.bfloat16, max_seqs=2, max_seq_len=128))
-        assert hasattr(forward, "decode_greedy") == (variant["lm_head"] == "triton_greedy")
-        runner = DecodeRunner(forward, 2, model.spec.vocab_size, dev, (1,))
-        runner.capture()
-        forward.prefill(make_prefill_batch([[5, 6, 7, 8]], [0], device=dev))
-        pos = torch.tensor([4], device=dev)
-        zero = torch.zeros(1, device=dev)
-        tokens, logits, used = runner.step(StepInputs(torch.tensor([9], device=dev), pos, torch.tensor([0], device=dev),
-                                                      pos, zero, zero + 1, pos), greedy=True)
-        assert used
-        steps = [(tokens, logits)]
-        for _ in range(6):
-            again = runner.step_again()
-            assert again is not None
-            steps.append(again)
-        for tokens, logits in steps:
-            assert torch.equal(tokens, logits.argmax(-1))
-        runs.append(steps)
-        runner.release()
+    path.write_text(render("fast", {**best_options(model.spec), **variant}))
+    spec = importlib.util.spec_from_file_location(f"captured_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    forward = module.build(model, BuildContext(dev, torch.bfloat16, max_seqs=2, max_seq_len=128))
+    assert hasattr(forward, "decode_greedy") == (module.OPTIONS["lm_head"] == "triton_greedy")
+    runner = DecodeRunner(forward, 2, model.spec.vocab_size, dev, (1,))
+    runner.capture()
+    forward.prefill(make_prefill_batch([[5, 6, 7, 8]], [0], device=dev))
+    pos = torch.tensor([4], device=dev)
+    zero = torch.zeros(1, device=dev)
+    tokens, logits, used = runner.step(StepInputs(torch.tensor([9], device=dev), pos, torch.tensor([0], device=dev),
+                                                  pos, zero, zero + 1, pos), greedy=True)
+    assert used
+    steps = [(tokens, logits)]
+    for _ in range(6):
+        again = runner.step_again()
+        assert again is not None
+        steps.append(again)
+    for tokens, logits in steps:
+        assert torch.equal(tokens, logits.argmax(-1))
+    runner.release()
+    return steps
+
+
+def _assert_same_steps(runs: list) -> None:
     for other in runs[1:]:
         for (t_a, l_a), (t_b, l_b) in zip(runs[0], other, strict=True):
             assert torch.equal(l_a, l_b) and torch.equal(t_a, t_b)
+
+
+@pytest.mark.parametrize("preset", ["llama-3.2-1b", "qwen3-30b-a3b"])
+def test_greedy_lm_head_and_gather_in_captured_steps(dev, preset, tmp_path):
+    """The best-known candidate with `lm_head=triton_greedy` (tokens from the LM head's kernel) and then also
+    `embedding=triton_qkv_prologue` (the row gathered by the first QKV kernel) through the engine's DecodeRunner: every
+    step's tokens are its logits' argmax, and tokens and logits are those of the candidate with the engine's argmax
+    (`triton_fused`), bit for bit (these models' LM heads launch one config with the argmax and without)."""
+    from athanor.model.presets import PRESETS
+    from athanor.model.random_init import random_model
+
+    model = random_model(PRESETS[preset].with_layers(2), device=dev, dtype=torch.bfloat16)
+    variants = ({"lm_head": "triton_fused"}, {"lm_head": "triton_greedy"},
+                {"lm_head": "triton_greedy", "embedding": "triton_qkv_prologue"})
+    _assert_same_steps([_captured_steps(model, variant, dev, tmp_path / f"variant{n}.py")
+                        for n, variant in enumerate(variants)])
+
+
+def test_l2_prefetch_and_evict_first_experts_in_captured_steps(dev, tmp_path):
+    """qwen3-30b-a3b's best-known candidate (3 layers: two of them ask L2 for the next one's QKV weight) with
+    `l2_prefetch` at both positions and `evict_experts`, through the engine's DecodeRunner: tokens and logits those
+    of the best-known, bit for bit (hints, which change no value)."""
+    from athanor.model.presets import PRESETS
+    from athanor.model.random_init import random_model
+
+    model = random_model(PRESETS["qwen3-30b-a3b"].with_layers(3), device=dev, dtype=torch.bfloat16)
+    variants = ({}, {"evict_experts": True}, {"l2_prefetch": "after", "evict_experts": True},
+                {"l2_prefetch": "start"})
+    _assert_same_steps([_captured_steps(model, variant, dev, tmp_path / f"l2_{n}.py")
+                        for n, variant in enumerate(variants)])
 
 
 @pytest.mark.parametrize(("hq", "hkv", "d", "qk_norm", "hidden"), [(32, 8, 64, False, 2048), (32, 4, 128, True, 2048),

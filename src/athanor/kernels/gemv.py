@@ -251,6 +251,9 @@ def route_chunk() -> int:
     return int(value)
 
 
+PREFETCH_AT = {"after": 1, "start": 2}
+"""`linear_route`'s prefetch positions: the PF_AT values of `fused_gemv_router_kernel`."""
+
 ROUTER_SCALE = 2.0**32
 """The fixed point of the router sums of `linear_route`: a logit's sum (before the RMSNorm's scale) is kept to
 2^-32 and may reach 2^31 in magnitude (a share of one strip, |h * norm weight * router weight| summed over its
@@ -258,8 +261,8 @@ columns, to 2^31 too): far beyond any model's activations."""
 
 
 def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_weight: Tensor, eps: float, top_k: int,
-                 scoring: str, renormalize: bool, selection_bias: Tensor | None = None,
-                 impl: Impl = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                 scoring: str, renormalize: bool, selection_bias: Tensor | None = None, impl: Impl = None,
+                 prefetch: Tensor | None = None, prefetch_at: str = "after") -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The projection before a MoE block and the block's routing, for <= 8 rows in two kernels instead of three:
 
         h = residual + x @ w.T                    (rounded like `fused_linear(x, w, residual=residual)`)
@@ -271,7 +274,10 @@ def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_
     fixed-point sums (exact, so the same in whatever order the strips finish), and the routing kernel scales them by
     the row's RMSNorm factor, which comes out of the sum. So the logits are not the router GEMV's bit for bit: that
     one rounds the normed input to the model dtype before the product, this one multiplies in fp32; both round the
-    logits to the model dtype."""
+    logits to the model dtype.
+
+    `prefetch` (a hint; no value changes): a weight the next kernels read (the next layer's QKV), which the
+    projection's programs ask L2 for (`jit.l2.prefetch_l2`) "after" writing their strips or at their "start"."""
     m, k = x.shape
     e, hidden = router_w.shape
     if (m > MAX_FUSED_ROWS or not use_triton(x, impl) or scoring not in ("softmax", "sigmoid")
@@ -296,11 +302,16 @@ def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_
         return h, logits, ids, weights
     sums = router_sums(x.device)
     block_e = next_pow2(e)
+    pf = prefetch if prefetch is not None and pdl(x)["PDL"] else None  # sm_90's instruction, as PDL
+    pf_bytes = pf.numel() * pf.element_size() if pf is not None else 0
+    assert pf is None or (pf.is_contiguous() and pf.data_ptr() % 16 == 0 and pf_bytes % 16 == 0)
     args = (x, w, residual, h, _workspace(m, n, x.device), tickets(x.device), router_w, norm_weight, sums,
-            m, n, k, e, ROUTER_SCALE, x.stride(0), w.stride(0), residual.stride(0), h.stride(0))
+            x if pf is None else pf, m, n, k, e, ROUTER_SCALE, x.stride(0), w.stride(0), residual.stride(0),
+            h.stride(0), pf_bytes)
     # Both read before the first launch: a bad value must not leave the sums added into.
     chunk, warps = min(route_chunk(), block_e), launch_warps("ATHANOR_ROUTE_WARPS")
-    _launch(fused_gemv_router_kernel, fused_gemv_router_tuned, args, {"BLOCK_E": block_e}, m, n, k)
+    flags = {"BLOCK_E": block_e, "PF_AT": 0 if pf is None else PREFETCH_AT[prefetch_at]}
+    _launch(fused_gemv_router_kernel, fused_gemv_router_tuned, args, flags, m, n, k)
     route_sums_kernel[(m,)](
         sums, h, logits, selection_bias if selection_bias is not None else logits, ids, weights,
         torch.empty(m * block_e, dtype=torch.float32, device=x.device), e, n, eps,  # the ranks' scratch

@@ -234,7 +234,7 @@ INTERPRETED: dict[str, int] = {"BLOCK_N": 16, "BLOCK_K": 32, "PREFETCH": 0}
 def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits, *, w2: Tensor | None = None,
                 up: Tensor | None = None, norm_weight: Tensor | None = None, eps: float = 0.0,
                 topk_weights: Tensor | RouterLogits | None = None, residual: Tensor | None = None,
-                settled: bool = False, impl: Impl = None) -> Tensor:
+                settled: bool = False, evict_first: bool = False, impl: Impl = None) -> Tensor:
     """The routed experts of a few decode tokens, with no grouping and no host sync: every (token,
     choice) pair multiplies its input row by its expert's weight, read by id on the device.
 
@@ -250,6 +250,8 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits, *, w2: Te
     `settled` (a PDL schedule hint; no effect without PDL): topk_ids and topk_weights were written before
     the launch just before this one, and that launch is an `expert_gemv` (the gate/up call before the
     down call): the kernel then reads the ids and its first weight tile before waiting for that launch.
+    `evict_first` (a hint): the weights are read with L2's evict-first policy, so they do not push out what a kernel
+    before asked L2 for (`linear_route(prefetch=...)`).
     """
     if isinstance(topk_ids, RouterLogits):
         router, t, k = topk_ids, topk_ids.logits.shape[0], topk_ids.top_k
@@ -309,7 +311,7 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits, *, w2: Te
              "SOFTMAX": router is not None and router.scoring == "softmax",
              "RENORM": router is not None and router.renormalize, "HAS_BIAS": bias is not None,
              "BLOCK_E": next_pow2(max(num_experts, 1)), "CHUNK": min(32, next_pow2(max(num_experts, 1))),
-             "RSTD_BLOCK": rstd_block(kk), **pdl(x)}
+             "RSTD_BLOCK": rstd_block(kk), "EVICT": "evict_first" if evict_first else "", **pdl(x)}
     if interpreting():
         block = INTERPRETED["BLOCK_N"]
         grid = (cdiv(n, block) + cdiv(n2, block), t * k)
@@ -326,11 +328,13 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits, *, w2: Te
 
 
 def routed_experts(h: Tensor, w: Tensor, w2: Tensor | None, w_down: Tensor, topk_ids: Tensor | RouterLogits,
-                   topk_weights: Tensor | RouterLogits, norm_weight: Tensor, eps: float, impl: Impl = None) -> Tensor:
+                   topk_weights: Tensor | RouterLogits, norm_weight: Tensor, eps: float, impl: Impl = None,
+                   evict_first: bool = False) -> Tensor:
     """h + the routed experts' MLP of a few decode tokens (their ids and weights given) in two `expert_gemv` calls:
     gate and up of rms_norm(h, norm_weight) in one (w: [E, 2 * NI, H] both, or the gate with w2 the up), then the
-    down projections weighted, summed and added to h in the other (`settled`: it reads the ids before its wait)."""
-    gate_up = expert_gemv(h, w, topk_ids, w2=w2, norm_weight=norm_weight, eps=eps, impl=impl)
+    down projections weighted, summed and added to h in the other (`settled`: it reads the ids before its wait).
+    `evict_first`: both read their weights evict-first from L2 (see `expert_gemv`)."""
+    gate_up = expert_gemv(h, w, topk_ids, w2=w2, norm_weight=norm_weight, eps=eps, evict_first=evict_first, impl=impl)
     width = gate_up.shape[1] // 2
     return expert_gemv(gate_up[:, :width], w_down, topk_ids, up=gate_up[:, width:], topk_weights=topk_weights,
-                       residual=h, settled=True, impl=impl)
+                       residual=h, settled=True, evict_first=evict_first, impl=impl)

@@ -24,7 +24,7 @@ def expert_gemv_kernel(
     ROUTE: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, RSTD_BLOCK: tl.constexpr,
-    PREFETCH: tl.constexpr = 0,
+    PREFETCH: tl.constexpr = 0, EVICT: tl.constexpr = "",
 ):
     """A few tokens' routed experts, their ids read on the device: grid (strips of N + N2, tokens * TOP_K).
 
@@ -46,6 +46,8 @@ def expert_gemv_kernel(
     PDL: the program waits for the previous kernel before reading the ids (they come from the routing
     kernel, or the logits from the router's GEMV), unless SETTLED (see `expert_gemv`): then it reads them and
     its first weight tile first.
+    EVICT: the weight loads' L2 eviction policy ("evict_first": read once a step, they give way first, so what a kernel
+    asked L2 for stays there; `linear_route(prefetch=...)`).
     Either way it lets the next kernel start right after its wait, so a SETTLED launch after this one
     finds every kernel before this one finished."""
     if PDL and not SETTLED:
@@ -65,7 +67,7 @@ def expert_gemv_kernel(
         e = tl.load(IDS + pair, cache_modifier=".cg").to(tl.int64)  # from L2: written by another launch
     w_rows = expert_rows(second, W2, w2_se, w2_sn, W, w_se, w_sn, e, col)
     rk = tl.arange(0, BLOCK_K)
-    w_first = tl.load(w_rows + rk[None, :], mask=n_mask[:, None] & (rk < K)[None, :], other=0.0)
+    w_first = tl.load(w_rows + rk[None, :], mask=n_mask[:, None] & (rk < K)[None, :], other=0.0, eviction_policy=EVICT)
     if PDL:
         if SETTLED:
             tl.extra.cuda.gdc_wait()
@@ -78,12 +80,12 @@ def expert_gemv_kernel(
     acc = tl.zeros([1, BLOCK_N], tl.float32)
     if PREFETCH:
         acc += stream_row(w_first, w_rows, n_mask, K, X + row * x_s0, X2 + row * x_s0, NW, tl.sum(rstd, axis=0),
-                          NORM, SILU, BLOCK_K)[None, :]
+                          NORM, SILU, BLOCK_K, EVICT)[None, :]
     else:
         acc = tile_sums(acc, w_first, rk, K, X + row * x_s0, X2 + row * x_s0, NW, 1, 0, 0, rstd, rm, NORM, SILU, 1)
         for k0 in range(BLOCK_K, K, BLOCK_K):
             ks = k0 + rk
-            w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & (ks < K)[None, :], other=0.0)
+            w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & (ks < K)[None, :], other=0.0, eviction_policy=EVICT)
             acc = tile_sums(acc, w, ks, K, X + row * x_s0, X2 + row * x_s0, NW, 1, 0, 0, rstd, rm, NORM, SILU, 1)
     mask = n_mask[None, :]
     if SUM:

@@ -260,18 +260,21 @@ def tile_sums(acc, w, ks, k_hi, X, X2, NW, M, x_s0, x2_s0, rstd, rm,
 
 
 @triton.jit
-def stream_row(w, w_rows, n_mask, k_hi, X, X2, NW, r, NORM: tl.constexpr, SILU: tl.constexpr, BLOCK_K: tl.constexpr):
+def stream_row(w, w_rows, n_mask, k_hi, X, X2, NW, r, NORM: tl.constexpr, SILU: tl.constexpr, BLOCK_K: tl.constexpr,
+               EVICT: tl.constexpr = ""):
     """The sums [BLOCK_N] of a strip's weight rows w_rows over [0, k_hi) with one input row (X, X2, NW: its
     prologue's operands, r its 1/RMS under NORM), the first tile w loaded: each next tile's weights and input chunks
     are loaded before this one is summed, in registers (Triton pipelines only the loads that feed a tl.dot), so a
-    program has two tiles in flight. The same sums in the same order as `tile_sums` tile by tile."""
+    program has two tiles in flight. The same sums in the same order as `tile_sums` tile by tile. EVICT: the weight
+    loads' eviction policy."""
     dtype: tl.constexpr = X.dtype.element_ty
     rk = tl.arange(0, BLOCK_K)
     x, up, nw = _row_chunk(X, X2, NW, rk, k_hi, NORM, SILU)
     acc = tl.zeros([w.shape[0]], tl.float32)
     for k0 in range(BLOCK_K, k_hi, BLOCK_K):
         ks = k0 + rk
-        w_next = tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & (ks < k_hi)[None, :], other=0.0)
+        w_next = tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & (ks < k_hi)[None, :], other=0.0,
+                         eviction_policy=EVICT)
         x_next, up_next, nw_next = _row_chunk(X, X2, NW, ks, k_hi, NORM, SILU)
         acc += _row_sums(w.to(tl.float32), x, up, nw, r, dtype, NORM, SILU)
         w, x, up, nw = w_next, x_next, up_next, nw_next

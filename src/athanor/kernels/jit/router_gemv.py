@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from athanor.kernels.jit.fused_gemv import gemv_configs, gemv_strip, row_rstd
+from athanor.kernels.jit.l2 import prefetch_l2
 from athanor.kernels.jit.moe import rank_logits, route_row
 from athanor.kernels.jit.tickets import last_of_group
 
@@ -41,17 +42,23 @@ def fused_gemv_route_kernel(
 
 @triton.jit
 def fused_gemv_router_kernel(
-    X, W, R, Y, WS, TICKETS, RW, RNW, SUMS,
-    M, N, K, E, scale, x_s0, w_s0, r_s0, y_s0,
+    X, W, R, Y, WS, TICKETS, RW, RNW, SUMS, PF,
+    M, N, K, E, scale, x_s0, w_s0, r_s0, y_s0, pf_bytes,
     BLOCK_E: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr,
+    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr, PF_AT: tl.constexpr = 0,
 ):
     """Y = R + X @ W.T (a projection with the residual add: the O projection before a MoE block), then each row's
     share of the MoE router's logits from this strip of Y: SUMS[m, e] += sum over the strip's columns n of
     Y[m, n] * RNW[n] * RW[e, n] (RW: the router [E, N]; RNW: the block's RMSNorm weight), in int64 fixed point
     (x `scale`, rounded to nearest), so the sum does not depend on the order the strips finish in. The RMSNorm's
-    scale is one factor per row and comes out of the sum: `route_sums_kernel` applies it and routes."""
+    scale is one factor per row and comes out of the sum: `route_sums_kernel` applies it and routes.
+
+    PF_AT (1 or 2): each program asks L2 for its share of the pf_bytes at PF (`prefetch_l2`: the next layer's QKV
+    weight, say), 1 once its strip is written (the HBM idles from then through the routing kernel and the experts'
+    first loads), 2 at its start (before its own weight loads)."""
+    if PF_AT == 2:
+        prefetch_l2(PF, pf_bytes)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
     # The router's strip (weights: no earlier kernel writes them) is loaded before the projection's wait.
@@ -59,6 +66,8 @@ def fused_gemv_router_kernel(
     done, _ = gemv_strip(X, X, W, W, W, R, Y, WS, TICKETS, M, N, K, 0.0, x_s0, 0, w_s0, r_s0, y_s0,
                          False, False, False, True, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK,
                          X, False)
+    if PF_AT == 1:
+        prefetch_l2(PF, pf_bytes)
     if done:
         add_router_share(rw, Y, SUMS, rn, n_mask, M, E, scale, y_s0, BLOCK_E, BLOCK_M)
 

@@ -74,6 +74,8 @@ OPTIONS: dict[str, Any] = {
     "split_early": False,
     "lm_head": "linear",
     "embedding": "torch",
+    "l2_prefetch": None,
+    "evict_experts": False,
 }
 # --- end OPTIONS ---
 
@@ -410,7 +412,8 @@ class FastForward:
                 assert moe is not None
                 # The router's logits summed by the O projection as it writes h: no router GEMV launch.
                 h, _, ids, weights = linear_route(attn.flatten(1), layer.wo, h, layer.router, layer.mlp_norm,
-                                                  self.eps, moe.top_k, moe.scoring, moe.renormalize, layer.router_bias)
+                                                  self.eps, moe.top_k, moe.scoring, moe.renormalize, layer.router_bias,
+                                                  prefetch=self._prefetch(i), prefetch_at=OPTIONS["l2_prefetch"] or "after")
                 h = self._experts_fused(i, layer, h, ids, weights)
                 continue
             h = fused_linear(attn.flatten(1), layer.wo, residual=h)
@@ -424,6 +427,13 @@ class FastForward:
                 return fused_linear_argmax(h, self.lm_head, self.norm, self.eps)
             return fused_linear(h, self.lm_head, norm_weight=self.norm, eps=self.eps)
         return self._linear(rms_norm(h, self.norm, self.eps, impl=impl("rmsnorm")), self.lm_head)
+
+    def _prefetch(self, i: int) -> Tensor | None:
+        """What layer i's O projection asks L2 for under l2_prefetch: the next layer's QKV weight, which the HBM then
+        streams while the routing and the experts' first loads wait (None: nothing, or no fused QKV weight)."""
+        if OPTIONS["l2_prefetch"] is None or i + 1 == len(self.layers) or not OPTIONS["fused_qkv"]:
+            return None
+        return self.layers[i + 1].wqkv
 
     def _embedding(self, tokens: Tensor) -> Tensor:
         """The decode rows' embeddings [B, H]."""
@@ -480,7 +490,8 @@ class FastForward:
             self.routing_observer(i, topk_ids)
         gate_up_w = layer.experts_gate_up
         w, w2 = gate_up_w if isinstance(gate_up_w, tuple) else (gate_up_w, None)
-        return routed_experts(h, w, w2, layer.experts_down, topk_ids, topk_weights, layer.mlp_norm, self.eps)
+        return routed_experts(h, w, w2, layer.experts_down, topk_ids, topk_weights, layer.mlp_norm, self.eps,
+                              evict_first=bool(OPTIONS["evict_experts"]))
 
     def decode(self, batch: DecodeBatch) -> Tensor:
         logits = self._decode_layers(batch.tokens, batch.positions, batch.slots)
