@@ -43,6 +43,8 @@ def compile_ptx(which: str, block_n: int, block_k: int, prefetch: int) -> str:
              "RSTD_BLOCK": 2048 if gate_up else 1024}
     if "PREFETCH" in kernel.arg_names:
         flags["PREFETCH"] = prefetch
+    if "EVICT" in kernel.arg_names:
+        flags["EVICT"] = ""
     signature = {name: "constexpr" if name in flags else POINTERS.get(name, "fp32" if name == "eps" else "i32")
                  for name in kernel.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(signature.items())

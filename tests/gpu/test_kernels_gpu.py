@@ -377,17 +377,17 @@ def test_greedy_lm_head_and_gather_in_captured_steps(dev, preset, tmp_path):
                         for n, variant in enumerate(variants)])
 
 
-def test_l2_prefetch_and_evict_first_experts_in_captured_steps(dev, tmp_path):
-    """qwen3-30b-a3b's best-known candidate (3 layers: two of them ask L2 for the next one's QKV weight) with
-    `l2_prefetch` at both positions and `evict_experts`, through the engine's DecodeRunner: tokens and logits those
-    of the best-known, bit for bit (hints, which change no value)."""
+@pytest.mark.parametrize("preset", ["llama-3.2-1b", "qwen3-30b-a3b"])
+def test_evict_first_weights_in_captured_steps(dev, preset, tmp_path):
+    """The best-known candidate with its weights read evict-first from L2 (`evict_weights`: the experts' only, then
+    every projection's and the LM head's) through the engine's DecodeRunner: tokens and logits those of the
+    best-known, bit for bit (a cache hint, which changes no value)."""
     from athanor.model.presets import PRESETS
     from athanor.model.random_init import random_model
 
-    model = random_model(PRESETS["qwen3-30b-a3b"].with_layers(3), device=dev, dtype=torch.bfloat16)
-    variants = ({}, {"evict_experts": True}, {"l2_prefetch": "after", "evict_experts": True},
-                {"l2_prefetch": "start"})
-    _assert_same_steps([_captured_steps(model, variant, dev, tmp_path / f"l2_{n}.py")
+    model = random_model(PRESETS[preset].with_layers(2), device=dev, dtype=torch.bfloat16)
+    variants = ({"evict_weights": None}, {"evict_weights": "experts"}, {"evict_weights": "all"})
+    _assert_same_steps([_captured_steps(model, variant, dev, tmp_path / f"evict_{n}.py")
                         for n, variant in enumerate(variants)])
 
 

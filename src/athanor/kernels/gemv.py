@@ -92,7 +92,7 @@ MAX_FUSED_ROWS = 8
 
 def fused_linear(x: Tensor, w: Tensor, bias: Tensor | None = None, *, norm_weight: Tensor | None = None,
                  eps: float = 0.0, up: Tensor | None = None, residual: Tensor | None = None,
-                 impl: Impl = None) -> Tensor:
+                 impl: Impl = None, evict_first: bool = False) -> Tensor:
     """A projection with what surrounds it in a decode layer, in one kernel for <= 8 rows:
 
         a = rms_norm(x, norm_weight, eps)   if norm_weight is given (x is the residual stream)
@@ -102,6 +102,7 @@ def fused_linear(x: Tensor, w: Tensor, bias: Tensor | None = None, *, norm_weigh
 
     x, up, residual: [M, K] / [M, N] rows (any row stride); w: [N, K] row-major. The PyTorch path
     composes the same rounding steps (`rms_norm_torch`, F.silu(x) * up, F.linear, +) and serves any M.
+    `evict_first` (a hint; no value changes): the kernel reads w with L2's evict-first policy (read once a step).
     """
     assert norm_weight is None or up is None, "a projection takes a norm or a SiLU prologue, not both"
     m, k = x.shape
@@ -127,22 +128,23 @@ def fused_linear(x: Tensor, w: Tensor, bias: Tensor | None = None, *, norm_weigh
             residual.stride(0) if residual is not None else 0, y.stride(0))
     flags = {"NORM": norm_weight is not None, "SILU": up is not None, "BIAS": bias is not None,
              "RESIDUAL": residual is not None}
-    _launch(fused_gemv_kernel, fused_gemv_tuned, args, flags, m, n, k)
+    _launch(fused_gemv_kernel, fused_gemv_tuned, args, flags, m, n, k, evict_first=evict_first)
     return y
 
 
-def fused_linear_argmax(x: Tensor, w: Tensor, norm_weight: Tensor, eps: float, impl: Impl = None
-                        ) -> tuple[Tensor, Tensor]:
+def fused_linear_argmax(x: Tensor, w: Tensor, norm_weight: Tensor, eps: float, impl: Impl = None,
+                        evict_first: bool = False) -> tuple[Tensor, Tensor]:
     """A greedy decode step's LM head: (tokens [M] int64, logits [M, N]), logits = rms_norm(x, norm_weight, eps) @ w.T
     as `fused_linear` makes them and tokens their rows' argmax (the first maximum; NaN never one), for <= 8 rows in
     Triton (`fused_gemv_argmax_kernel`: each program's strip folded into the row's running maxima with an atomic,
-    then `argmax_tokens_kernel`, one program, reads the tokens out), else `fused_linear` then `greedy`."""
+    then `argmax_tokens_kernel`, one program, reads the tokens out), else `fused_linear` then `greedy`.
+    `evict_first`: as `fused_linear`'s."""
     from athanor.kernels.sampling import greedy
 
     m, k = x.shape
     n = w.shape[0]
     if m > MAX_FUSED_ROWS or not use_triton(x, impl):
-        logits = fused_linear(x, w, norm_weight=norm_weight, eps=eps, impl=impl)
+        logits = fused_linear(x, w, norm_weight=norm_weight, eps=eps, impl=impl, evict_first=evict_first)
         return greedy(logits, impl=impl), logits
     from athanor.kernels.jit.fused_gemv import (
         argmax_tokens_kernel,
@@ -158,13 +160,15 @@ def fused_linear_argmax(x: Tensor, w: Tensor, norm_weight: Tensor, eps: float, i
     best = argmax_best(x.device)
     args = (x, w, norm_weight, y, _workspace(m, n, x.device), tickets(x.device), best,
             m, n, k, eps, x.stride(0), w.stride(0), y.stride(0))
-    _launch(fused_gemv_argmax_kernel, fused_gemv_argmax_tuned, args, {"SLOTS": ARGMAX_SLOTS}, m, n, k)
+    _launch(fused_gemv_argmax_kernel, fused_gemv_argmax_tuned, args, {"SLOTS": ARGMAX_SLOTS}, m, n, k,
+            evict_first=evict_first)
     argmax_tokens_kernel[(1,)](best, tokens, m, BLOCK_M=next_pow2(m), SLOTS=ARGMAX_SLOTS, **pdl(x))
     return tokens, y
 
 
 def qkv_rope_cache(h: Tensor, w: Tensor, bias: Tensor | None, norm_weight: Tensor, eps: float, num_heads: int,
-                   cache: KVWrite, impl: Impl = None, gather: tuple[Tensor, Tensor] | None = None) -> Tensor:
+                   cache: KVWrite, impl: Impl = None, gather: tuple[Tensor, Tensor] | None = None,
+                   evict_first: bool = False) -> Tensor:
     """The decode step's attention input for <= 8 rows in one kernel: q, k, v = rms_norm(h) @ w.T (+ bias)
     (w: the fused [(Hq + 2 Hkv) * D, H] QKV weight), then what `rope_and_cache` does: q and k q/k-normed
     (when the cache carries the norms) and rotated, k and v written into the cache. Returns q [M, Hq, D],
@@ -175,7 +179,7 @@ def qkv_rope_cache(h: Tensor, w: Tensor, bias: Tensor | None, norm_weight: Tenso
 
     `gather` = (tokens [M], out [M, H]), the first layer's: h is the token embedding [vocab, H] and the rows are
     h[tokens], also written into `out` (the residual stream); for one row in Triton inside the same kernel (no
-    gather launch), else `embedding` first."""
+    gather launch), else `embedding` first. `evict_first`: as `fused_linear`'s."""
     d = cache.k_cache.shape[-1]
     in_kernel = use_triton(h, impl) and d % (16 if interpreting() else 32) == 0  # BLOCK_N | head_dim
     if gather is not None and (gather[0].shape[0] != 1 or not in_kernel):  # the rows gathered first
@@ -186,7 +190,7 @@ def qkv_rope_cache(h: Tensor, w: Tensor, bias: Tensor | None, norm_weight: Tenso
     n = w.shape[0]
     assert n == (num_heads + 2 * num_kv) * d, "w is not a fused QKV weight for these head counts"
     if m > MAX_FUSED_ROWS or not in_kernel:
-        qkv = fused_linear(h, w, bias, norm_weight=norm_weight, eps=eps, impl=impl)
+        qkv = fused_linear(h, w, bias, norm_weight=norm_weight, eps=eps, impl=impl, evict_first=evict_first)
         q, kk, v = qkv.view(m, num_heads + 2 * num_kv, d).split([num_heads, num_kv, num_kv], dim=1)
         return rope_into(q, kk, v, cache, eps, impl=impl)
     from athanor.kernels.jit.fused_gemv import fused_gemv_rope_kernel, fused_gemv_rope_tuned
@@ -205,7 +209,7 @@ def qkv_rope_cache(h: Tensor, w: Tensor, bias: Tensor | None, norm_weight: Tenso
     if m:
         _launch(fused_gemv_rope_kernel, fused_gemv_rope_tuned, args,
                 {"HEAD_DIM": d, "QK_NORM": norms, "BIAS": bias is not None, "GATHER": gather is not None}, m, n, k,
-                early=EPILOGUE_EARLY)
+                early=EPILOGUE_EARLY, evict_first=evict_first)
     return y.view(m, num_heads + 2 * num_kv, d)[:, :num_heads]
 
 
@@ -251,9 +255,6 @@ def route_chunk() -> int:
     return int(value)
 
 
-PREFETCH_AT = {"after": 1, "start": 2}
-"""`linear_route`'s prefetch positions: the PF_AT values of `fused_gemv_router_kernel`."""
-
 ROUTER_SCALE = 2.0**32
 """The fixed point of the router sums of `linear_route`: a logit's sum (before the RMSNorm's scale) is kept to
 2^-32 and may reach 2^31 in magnitude (a share of one strip, |h * norm weight * router weight| summed over its
@@ -261,8 +262,8 @@ columns, to 2^31 too): far beyond any model's activations."""
 
 
 def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_weight: Tensor, eps: float, top_k: int,
-                 scoring: str, renormalize: bool, selection_bias: Tensor | None = None, impl: Impl = None,
-                 prefetch: Tensor | None = None, prefetch_at: str = "after") -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                 scoring: str, renormalize: bool, selection_bias: Tensor | None = None,
+                 impl: Impl = None, evict_first: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The projection before a MoE block and the block's routing, for <= 8 rows in two kernels instead of three:
 
         h = residual + x @ w.T                    (rounded like `fused_linear(x, w, residual=residual)`)
@@ -274,15 +275,12 @@ def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_
     fixed-point sums (exact, so the same in whatever order the strips finish), and the routing kernel scales them by
     the row's RMSNorm factor, which comes out of the sum. So the logits are not the router GEMV's bit for bit: that
     one rounds the normed input to the model dtype before the product, this one multiplies in fp32; both round the
-    logits to the model dtype.
-
-    `prefetch` (a hint; no value changes): a weight the next kernels read (the next layer's QKV), which the
-    projection's programs ask L2 for (`jit.l2.prefetch_l2`) "after" writing their strips or at their "start"."""
+    logits to the model dtype. `evict_first`: the projection's as `fused_linear`'s."""
     m, k = x.shape
     e, hidden = router_w.shape
     if (m > MAX_FUSED_ROWS or not use_triton(x, impl) or scoring not in ("softmax", "sigmoid")
             or m * e > router_sums(x.device).numel()):
-        h = fused_linear(x, w, residual=residual, impl=impl)
+        h = fused_linear(x, w, residual=residual, impl=impl, evict_first=evict_first)
         logits = fused_linear(h, router_w, norm_weight=norm_weight, eps=eps, impl=impl)
         return h, logits, *route(logits, top_k, scoring, renormalize, selection_bias, impl=impl)
     from athanor.kernels.jit.router_gemv import (
@@ -302,16 +300,12 @@ def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_
         return h, logits, ids, weights
     sums = router_sums(x.device)
     block_e = next_pow2(e)
-    pf = prefetch if prefetch is not None and pdl(x)["PDL"] else None  # sm_90's instruction, as PDL
-    pf_bytes = pf.numel() * pf.element_size() if pf is not None else 0
-    assert pf is None or (pf.is_contiguous() and pf.data_ptr() % 16 == 0 and pf_bytes % 16 == 0)
     args = (x, w, residual, h, _workspace(m, n, x.device), tickets(x.device), router_w, norm_weight, sums,
-            x if pf is None else pf, m, n, k, e, ROUTER_SCALE, x.stride(0), w.stride(0), residual.stride(0),
-            h.stride(0), pf_bytes)
+            m, n, k, e, ROUTER_SCALE, x.stride(0), w.stride(0), residual.stride(0), h.stride(0))
     # Both read before the first launch: a bad value must not leave the sums added into.
     chunk, warps = min(route_chunk(), block_e), launch_warps("ATHANOR_ROUTE_WARPS")
-    flags = {"BLOCK_E": block_e, "PF_AT": 0 if pf is None else PREFETCH_AT[prefetch_at]}
-    _launch(fused_gemv_router_kernel, fused_gemv_router_tuned, args, flags, m, n, k)
+    _launch(fused_gemv_router_kernel, fused_gemv_router_tuned, args, {"BLOCK_E": block_e}, m, n, k,
+            evict_first=evict_first)
     route_sums_kernel[(m,)](
         sums, h, logits, selection_bias if selection_bias is not None else logits, ids, weights,
         torch.empty(m * block_e, dtype=torch.float32, device=x.device), e, n, eps,  # the ranks' scratch
@@ -327,12 +321,13 @@ def _workspace(m: int, n: int, device: torch.device) -> Tensor:
 
 
 def _launch(kernel: Any, tuned: Any, args: tuple[Any, ...], flags: dict[str, Any], m: int, n: int, k: int,
-            early: bool = PDL_EARLY) -> None:
+            early: bool = PDL_EARLY, evict_first: bool = False) -> None:
     """A fused-GEMV kernel on its grid: on the GPU with the config pinned for its shape (`jit.pinned`) or autotuned;
     on the CPU interpreter with fixed small blocks and split-K on for long K, so the tests' small shapes take the
     split path too (timing configs there measures nothing). `early`: trigger the next kernel's launch at the start
-    (see `dispatch.PDL_EARLY`)."""
-    flags = {**flags, "BLOCK_M": next_pow2(m), **pdl(args[0]), "EARLY": early, "RSTD_BLOCK": rstd_block(k)}
+    (see `dispatch.PDL_EARLY`). `evict_first`: the weight read with L2's evict-first policy."""
+    flags = {**flags, "BLOCK_M": next_pow2(m), **pdl(args[0]), "EARLY": early, "RSTD_BLOCK": rstd_block(k),
+             "EVICT": "evict_first" if evict_first else ""}
     if interpreting():
         split = 3 if k >= 192 else 1
         kernel[(cdiv(n, 16), split)](*args, **flags, BLOCK_N=16, BLOCK_K=64, SPLIT_K=split)

@@ -163,15 +163,12 @@ MOVES: tuple[Move, ...] = (
              "(and writes it out for the O projection's residual add): no gather launch; neutral on the H200 "
              "(qwen3-30b-a3b 2.400-2.402 vs 2.401-2.402 ms, 2.398 with lm_head='triton_greedy' either way). "
              "Changes no value."),
-    Move("l2_prefetch", (None, "after", "start"), None, applies_to="moe", cuda_only=("after", "start"),
-         doc="With routing='triton_o_epilogue' and fused_qkv, on sm_90 and later: each program of a layer's O "
-             "projection asks L2 for its share of the next layer's QKV weight (bulk prefetches that return at once), "
-             "'after' writing its strip or at its 'start', so those bytes stream while the routing kernel and the "
-             "experts' first loads wait on the HBM-idle path, and the next QKV projection reads them from L2. Pairs "
-             "with evict_experts, which keeps the experts' weights from pushing them out first. Changes no value."),
-    Move("evict_experts", (False, True), False, applies_to="moe", cuda_only=(True,),
-         doc="The routed experts' GEMVs (the fused-GEMV layer at batch 1) read their weights with L2's evict-first "
-             "policy: read once a step, they give way before what l2_prefetch asked L2 for. Changes no value."),
+    Move("evict_weights", (None, "experts", "all"), None, cuda_only=("experts", "all"),
+         doc="The fused-GEMV layer (batch 1) reads weights with L2's evict-first policy (`ld...L2::cache_hint`; a "
+             "hint: no value changes): 'experts' the routed experts' GEMVs only (MoE), 'all' every projection's and "
+             "the LM head's too. Every weight is read once a step and no layer's fits L2 beside the next's, so "
+             "keeping them is worth nothing; what else the step reads (the KV cache, activations, split-K and "
+             "routing partials) then stays."),
     Move("linear_dtype", (None, "bfloat16"), None, lossy=True,
          doc="Linear layers (every projection, the dense and shared-expert MLPs, the LM head) run on bf16 copies "
              "of their weights made in build(): activations are cast to bf16 and each result back to the model "

@@ -40,10 +40,10 @@ def fused_gemv_kernel(
     x_s0, x2_s0, w_s0, r_s0, y_s0,
     NORM: tl.constexpr, SILU: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr,
+    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr, EVICT: tl.constexpr = "",
 ):
     gemv_strip(X, X2, W, B, NW, R, Y, WS, TICKETS, M, N, K, eps, x_s0, x2_s0, w_s0, r_s0, y_s0,
-               NORM, SILU, BIAS, RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK, X, False)
+               NORM, SILU, BIAS, RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK, X, False, EVICT)
 
 
 @triton.jit
@@ -52,11 +52,13 @@ def gemv_strip(
     NORM: tl.constexpr, SILU: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr, IDS, GATHER: tl.constexpr,
+    EVICT: tl.constexpr = "",
 ):
     """The body of `fused_gemv_kernel`, for the kernels that do more after it (`fused_gemv_rope_kernel`,
     `fused_gemv_route_kernel`, `fused_gemv_argmax_kernel`). Returns (whether this program wrote its strip of Y:
     always without split-K, only the strip's last split with it; the [BLOCK_M, BLOCK_N] values it wrote there).
-    GATHER (one row): the input row is X's row IDS[0] (X a table: the token embedding), read after the PDL wait."""
+    GATHER (one row): the input row is X's row IDS[0] (X a table: the token embedding), read after the PDL wait.
+    EVICT: the weight loads' L2 eviction policy ("evict_first", say: the weight is read once a step)."""
     if PDL and EARLY:  # let the next kernel's programs become resident now (see dispatch.PDL_EARLY)
         tl.extra.cuda.gdc_launch_dependents()
     pid_n = tl.program_id(0)
@@ -68,7 +70,7 @@ def gemv_strip(
     k_lo, k_hi = k_range(tl.program_id(1), K, BLOCK_K, SPLIT_K)
     # The first weight tile needs nothing from earlier kernels: in flight before the wait.
     w_first = tl.load(w_rows + (k_lo + rk)[None, :], mask=n_mask[:, None] & ((k_lo + rk) < k_hi)[None, :],
-                      other=0.0)
+                      other=0.0, eviction_policy=EVICT)
     if PDL:
         tl.extra.cuda.gdc_wait()
     if GATHER:
@@ -83,7 +85,7 @@ def gemv_strip(
     acc = tile_sums(acc, w_first, k_lo + rk, k_hi, X, X2, NW, M, x_s0, x2_s0, rstd, rm, NORM, SILU, BLOCK_M)
     for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
         ks = k0 + rk
-        w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & (ks < k_hi)[None, :], other=0.0)
+        w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & (ks < k_hi)[None, :], other=0.0, eviction_policy=EVICT)
         acc = tile_sums(acc, w, ks, k_hi, X, X2, NW, M, x_s0, x2_s0, rstd, rm, NORM, SILU, BLOCK_M)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()  # weights read: the next kernel may start (a no-op after EARLY's)
@@ -134,7 +136,7 @@ def fused_gemv_rope_kernel(
     M, N, K, eps, x_s0, w_s0, y_s0, c_s0, c_s1, c_s2, NUM_Q_HEADS, NUM_KV_HEADS,
     HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr, BIAS: tl.constexpr, GATHER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr,
+    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr, EVICT: tl.constexpr = "",
 ):
     """The QKV projection of the RMS-normed residual stream X, then what `rope_kernel` does: the last
     strip of each head to be written (a ticket per head, after the split-K ones) rotates it, q/k-normed
@@ -144,7 +146,7 @@ def fused_gemv_rope_kernel(
     program also writes into H [1, K] (the residual stream the layer's O projection adds to): no gather launch."""
     done, _ = gemv_strip(X, X, W, B, NW, Y, Y, WS, TICKETS, M, N, K, eps, x_s0, 0, w_s0, 0, y_s0,
                          True, False, BIAS, False, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK,
-                         IDS, GATHER)
+                         IDS, GATHER, EVICT)
     if GATHER and tl.program_id(0) == 0 and tl.program_id(1) == 0:
         row = X + tl.load(IDS).to(tl.int64) * x_s0
         for k0 in range(0, K, BLOCK_K):
@@ -166,7 +168,7 @@ def fused_gemv_argmax_kernel(
     X, W, NW, Y, WS, TICKETS, BEST,
     M, N, K, eps, x_s0, w_s0, y_s0,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    SLOTS: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr,
+    SLOTS: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr, EVICT: tl.constexpr = "",
 ):
     """The LM head with the final RMSNorm inside (`fused_gemv_kernel` under NORM) that also folds each row's argmax
     into BEST: every program that writes a strip of logits takes the maximum of its `argmax_keys` into one of the
@@ -177,7 +179,7 @@ def fused_gemv_argmax_kernel(
     round trip before it exits, and two programs an SM stream the weight."""
     done, out = gemv_strip(X, X, W, W, NW, Y, Y, WS, TICKETS, M, N, K, eps, x_s0, 0, w_s0, 0, y_s0,
                            True, False, False, False, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK,
-                           X, False)
+                           X, False, EVICT)
     if done:
         pid = tl.program_id(0)
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)

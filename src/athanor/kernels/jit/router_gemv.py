@@ -11,7 +11,6 @@ import triton
 import triton.language as tl
 
 from athanor.kernels.jit.fused_gemv import gemv_configs, gemv_strip, row_rstd
-from athanor.kernels.jit.l2 import prefetch_l2
 from athanor.kernels.jit.moe import rank_logits, route_row
 from athanor.kernels.jit.tickets import last_of_group
 
@@ -23,13 +22,13 @@ def fused_gemv_route_kernel(
     TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr,
+    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr, EVICT: tl.constexpr = "",
 ):
     """The router's logits Y [M, E] of the RMS-normed residual stream X, then what `route_kernel` does: the
     last strip to be written (a ticket over all strips) picks each row's top-k into IDS and TOPW [M, TOP_K]."""
     done, _ = gemv_strip(X, X, W, W, NW, Y, Y, WS, TICKETS, M, N, K, eps, x_s0, 0, w_s0, 0, y_s0,
                          True, False, False, False, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK,
-                         X, False)
+                         X, False, EVICT)
     if done:
         ticket = TICKETS + tl.num_programs(0)
         if last_of_group(ticket, tl.num_programs(0)):
@@ -42,32 +41,24 @@ def fused_gemv_route_kernel(
 
 @triton.jit
 def fused_gemv_router_kernel(
-    X, W, R, Y, WS, TICKETS, RW, RNW, SUMS, PF,
-    M, N, K, E, scale, x_s0, w_s0, r_s0, y_s0, pf_bytes,
+    X, W, R, Y, WS, TICKETS, RW, RNW, SUMS,
+    M, N, K, E, scale, x_s0, w_s0, r_s0, y_s0,
     BLOCK_E: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr, PF_AT: tl.constexpr = 0,
+    PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr, EVICT: tl.constexpr = "",
 ):
     """Y = R + X @ W.T (a projection with the residual add: the O projection before a MoE block), then each row's
     share of the MoE router's logits from this strip of Y: SUMS[m, e] += sum over the strip's columns n of
     Y[m, n] * RNW[n] * RW[e, n] (RW: the router [E, N]; RNW: the block's RMSNorm weight), in int64 fixed point
     (x `scale`, rounded to nearest), so the sum does not depend on the order the strips finish in. The RMSNorm's
-    scale is one factor per row and comes out of the sum: `route_sums_kernel` applies it and routes.
-
-    PF_AT (1 or 2): each program asks L2 for its share of the pf_bytes at PF (`prefetch_l2`: the next layer's QKV
-    weight, say), 1 once its strip is written (the HBM idles from then through the routing kernel and the experts'
-    first loads), 2 at its start (before its own weight loads)."""
-    if PF_AT == 2:
-        prefetch_l2(PF, pf_bytes)
+    scale is one factor per row and comes out of the sum: `route_sums_kernel` applies it and routes."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
     # The router's strip (weights: no earlier kernel writes them) is loaded before the projection's wait.
     rw = router_strip(RW, RNW, rn, n_mask, N, E, BLOCK_E)
     done, _ = gemv_strip(X, X, W, W, W, R, Y, WS, TICKETS, M, N, K, 0.0, x_s0, 0, w_s0, r_s0, y_s0,
                          False, False, False, True, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK,
-                         X, False)
-    if PF_AT == 1:
-        prefetch_l2(PF, pf_bytes)
+                         X, False, EVICT)
     if done:
         add_router_share(rw, Y, SUMS, rn, n_mask, M, E, scale, y_s0, BLOCK_E, BLOCK_M)
 

@@ -74,8 +74,7 @@ OPTIONS: dict[str, Any] = {
     "split_early": False,
     "lm_head": "linear",
     "embedding": "torch",
-    "l2_prefetch": None,
-    "evict_experts": False,
+    "evict_weights": None,
 }
 # --- end OPTIONS ---
 
@@ -169,6 +168,8 @@ class FastForward:
         # attention does them itself).
         self.qkv_epilogue = (OPTIONS["rope"] == "triton_qkv_epilogue" and bool(OPTIONS["fused_qkv"])
                              and OPTIONS["attention"] != "triton_fused")
+        # The fused-GEMV layer's weights read evict-first from L2 (they are read once a step), or the experts' only.
+        self.evict_all = OPTIONS["evict_weights"] == "all"
         # The Triton split-KV attention adds the 1 to each row's position itself (`lens_offset`): one launch fewer.
         self.lens_offset = 1 if OPTIONS["attention"] == "triton_split_kv" else 0
         self.layers = [Layer(model, i) for i in range(spec.num_layers)]
@@ -226,7 +227,7 @@ class FastForward:
         """h @ w.T (+ b); with `norm`, h is the residual stream and is RMS-normed inside the GEMV."""
         if norm is None:
             return self._linear(h, w, b)
-        return fused_linear(h, w, b, norm_weight=norm, eps=self.eps)
+        return fused_linear(h, w, b, norm_weight=norm, eps=self.eps, evict_first=self.evict_all)
 
     def _qkv(self, layer: Layer, h: Tensor, norm: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """q [N, Hq, D], k and v [N, Hkv, D] (not q/k-normed, not rotated: `_qk_norm`, `_attend`) for hidden
@@ -357,9 +358,10 @@ class FastForward:
         kv = self._kv_write(i, layer, positions, slots)
         if tokens is not None:
             q = qkv_rope_cache(self.embed, layer.wqkv, layer.bqkv, layer.attn_norm, self.eps, self.spec.num_heads, kv,
-                               gather=(tokens, h))
+                               gather=(tokens, h), evict_first=self.evict_all)
         else:
-            q = qkv_rope_cache(h, layer.wqkv, layer.bqkv, layer.attn_norm, self.eps, self.spec.num_heads, kv)
+            q = qkv_rope_cache(h, layer.wqkv, layer.bqkv, layer.attn_norm, self.eps, self.spec.num_heads, kv,
+                               evict_first=self.evict_all)
         return self._attention(i, q, slots, kv_lens)
 
     def _kv_write(self, i: int, layer: Layer, positions: Tensor, slots: Tensor) -> KVWrite:
@@ -413,27 +415,20 @@ class FastForward:
                 # The router's logits summed by the O projection as it writes h: no router GEMV launch.
                 h, _, ids, weights = linear_route(attn.flatten(1), layer.wo, h, layer.router, layer.mlp_norm,
                                                   self.eps, moe.top_k, moe.scoring, moe.renormalize, layer.router_bias,
-                                                  prefetch=self._prefetch(i), prefetch_at=OPTIONS["l2_prefetch"] or "after")
+                                                  evict_first=self.evict_all)
                 h = self._experts_fused(i, layer, h, ids, weights)
                 continue
-            h = fused_linear(attn.flatten(1), layer.wo, residual=h)
+            h = fused_linear(attn.flatten(1), layer.wo, residual=h, evict_first=self.evict_all)
             if layer.moe:
                 h = self._moe_fused(i, layer, h)
                 continue
             gate, up = self._gate_up(layer, h, norm=layer.mlp_norm)
-            h = fused_linear(gate, layer.w_down, up=up, residual=h)
+            h = fused_linear(gate, layer.w_down, up=up, residual=h, evict_first=self.evict_all)
         if OPTIONS["lm_head"] != "linear" and self.lm_head.dtype == h.dtype:  # the final norm inside the GEMV
             if greedy_tokens and OPTIONS["lm_head"] == "triton_greedy":  # and the argmax folded in
-                return fused_linear_argmax(h, self.lm_head, self.norm, self.eps)
-            return fused_linear(h, self.lm_head, norm_weight=self.norm, eps=self.eps)
+                return fused_linear_argmax(h, self.lm_head, self.norm, self.eps, evict_first=self.evict_all)
+            return fused_linear(h, self.lm_head, norm_weight=self.norm, eps=self.eps, evict_first=self.evict_all)
         return self._linear(rms_norm(h, self.norm, self.eps, impl=impl("rmsnorm")), self.lm_head)
-
-    def _prefetch(self, i: int) -> Tensor | None:
-        """What layer i's O projection asks L2 for under l2_prefetch: the next layer's QKV weight, which the HBM then
-        streams while the routing and the experts' first loads wait (None: nothing, or no fused QKV weight)."""
-        if OPTIONS["l2_prefetch"] is None or i + 1 == len(self.layers) or not OPTIONS["fused_qkv"]:
-            return None
-        return self.layers[i + 1].wqkv
 
     def _embedding(self, tokens: Tensor) -> Tensor:
         """The decode rows' embeddings [B, H]."""
@@ -491,7 +486,7 @@ class FastForward:
         gate_up_w = layer.experts_gate_up
         w, w2 = gate_up_w if isinstance(gate_up_w, tuple) else (gate_up_w, None)
         return routed_experts(h, w, w2, layer.experts_down, topk_ids, topk_weights, layer.mlp_norm, self.eps,
-                              evict_first=bool(OPTIONS["evict_experts"]))
+                              evict_first=OPTIONS["evict_weights"] is not None)
 
     def decode(self, batch: DecodeBatch) -> Tensor:
         logits = self._decode_layers(batch.tokens, batch.positions, batch.slots)
