@@ -6,6 +6,7 @@
 # matching it first (engine, serving, kernels, MoE).
 #   ATHANOR_COMMIT=<hash> [ROUTING=FILE] [TESTS=EXPR] bash bench/gpu_best_b1.sh
 source "$(dirname "$0")/_gpu_env.sh"
+log_clocks
 routing=${ROUTING:-.routing/qwen3-30b-a3b_gsm8k_en.json}
 [ -f "$routing" ] || routing=""
 [ -n "${TESTS:-}" ] && GPU_TEST_FILES="tests/gpu/test_engine_gpu.py tests/gpu/test_serve_gpu.py tests/gpu/test_kernels_gpu.py

@@ -44,6 +44,13 @@ maxima with one atomic, a one-program kernel reads the tokens; the engine's argm
 the best of its 24 configs tuned in the step (`bench/results/greedy-tune-ce08ef4/`), for reasons not established
 (the same registers, no spills). `embedding=triton_qkv_prologue` (the row gathered by the first QKV kernel) measured
 neutral with or without it (qwen3-30b-a3b 2.398 with both, 2.400-2.402 alone) and is left to the search.
+`evict_weights` (the weight loads with L2's evict-first hint) for MoE: qwen3-30b-a3b 2.379, 2.378, 2.379 with every
+weight's ('all') and 2.383 x3 with the experts' only, against 2.397-2.399 (alternating, one call, on a machine at its
+full 1980 MHz throughout; 2.387, 2.383 against 2.398 in another call); the experts' gate/up took 724 against 747 us
+a step on the critical path. Not for dense models: llama-3.1-8b 4.222 against 4.118 ('all': its fused GEMVs +100 us),
+llama-3.2-1b 0.851, 0.851 against 0.847, 0.863 (`bench/results/evict-62d5587/`). Why the hint pays is not
+established: every weight is read once a step either way; a guess is that what else the step reads (the KV cache,
+activations, partials, the gate/up output the down projection reads) stays in L2.
 """
 
 from __future__ import annotations
@@ -97,6 +104,7 @@ def best_options(spec: ModelSpec, device: str = "cuda", lossy: bool = False) -> 
         if device.startswith("cuda"):  # the router's sums in the O projection; the merge launched as attention starts
             options["routing"] = "triton_o_epilogue"
             options["early_keys"] = options["split_early"] = True
+            options["evict_weights"] = "all"  # the weights read evict-first from L2 (see the docstring)
     if spec.hidden_size > 2048:  # llama-3.1-8b's greedy LM head is slower at every config (see the docstring)
         options["lm_head"] = "triton_fused"
     if lossy:

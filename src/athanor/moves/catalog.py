@@ -167,8 +167,9 @@ MOVES: tuple[Move, ...] = (
          doc="The fused-GEMV layer (batch 1) reads weights with L2's evict-first policy (`ld...L2::cache_hint`; a "
              "hint: no value changes): 'experts' the routed experts' GEMVs only (MoE), 'all' every projection's and "
              "the LM head's too. Every weight is read once a step and no layer's fits L2 beside the next's, so "
-             "keeping them is worth nothing; what else the step reads (the KV cache, activations, split-K and "
-             "routing partials) then stays."),
+             "keeping them is worth nothing. H200, batch 1: qwen3-30b-a3b 2.378-2.379 ms with 'all', 2.383 with "
+             "'experts', against 2.397-2.399; llama-3.1-8b 4.222 against 4.118 with 'all' (slower); llama-3.2-1b "
+             "0.851 against 0.847-0.863."),
     Move("linear_dtype", (None, "bfloat16"), None, lossy=True,
          doc="Linear layers (every projection, the dense and shared-expert MLPs, the LM head) run on bf16 copies "
              "of their weights made in build(): activations are cast to bf16 and each result back to the model "
