@@ -166,11 +166,11 @@ def argmax_best(device: Any) -> Tensor:
 
 def router_sums(device: Any) -> Tensor:
     """int64 accumulators of MoE router logits in fixed point (`fused_gemv_router_kernel` adds into them, the routing
-    kernel after it reads and zeroes them), [rows, experts] row-major in its first rows * experts entries: 8192 of
-    them, 8 rows of up to 1024 experts."""
+    kernel after it reads and zeroes them), [rows, experts] row-major, each `gemv.sums_spread()` apart: 1 << 17 of them
+    (1 MB), 8 rows of up to 1024 experts 16 apart."""
     import torch
 
-    return _zeroed("router_sums", device, 1 << 13, torch.int64)
+    return _zeroed("router_sums", device, 1 << 17, torch.int64)
 
 
 def tickets(device: Any) -> Tensor:

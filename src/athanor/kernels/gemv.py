@@ -255,6 +255,15 @@ def route_chunk() -> int:
     return int(value)
 
 
+def sums_spread() -> int:
+    """The distance in int64s between `linear_route`'s router sums (`add_router_share`'s SPREAD): ATHANOR_SUMS_SPREAD,
+    1 by default (packed), read at each launch (A/B runs in one process: `bench/env_sweep.py`)."""
+    value = os.environ.get("ATHANOR_SUMS_SPREAD", "1")
+    if value not in ("1", "2", "4", "8", "16", "32", "64"):
+        raise ConfigError(f"ATHANOR_SUMS_SPREAD must be a power of two from 1 to 64, not {value!r}")
+    return int(value)
+
+
 ROUTER_SCALE = 2.0**32
 """The fixed point of the router sums of `linear_route`: a logit's sum (before the RMSNorm's scale) is kept to
 2^-32 and may reach 2^31 in magnitude (a share of one strip, |h * norm weight * router weight| summed over its
@@ -278,8 +287,9 @@ def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_
     logits to the model dtype. `evict_first`: the projection's as `fused_linear`'s."""
     m, k = x.shape
     e, hidden = router_w.shape
+    spread = sums_spread()
     if (m > MAX_FUSED_ROWS or not use_triton(x, impl) or scoring not in ("softmax", "sigmoid")
-            or m * e > router_sums(x.device).numel()):
+            or m * e * spread > router_sums(x.device).numel()):
         h = fused_linear(x, w, residual=residual, impl=impl, evict_first=evict_first)
         logits = fused_linear(h, router_w, norm_weight=norm_weight, eps=eps, impl=impl)
         return h, logits, *route(logits, top_k, scoring, renormalize, selection_bias, impl=impl)
@@ -304,14 +314,14 @@ def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_
             m, n, k, e, ROUTER_SCALE, x.stride(0), w.stride(0), residual.stride(0), h.stride(0))
     # Both read before the first launch: a bad value must not leave the sums added into.
     chunk, warps = min(route_chunk(), block_e), launch_warps("ATHANOR_ROUTE_WARPS")
-    _launch(fused_gemv_router_kernel, fused_gemv_router_tuned, args, {"BLOCK_E": block_e}, m, n, k,
+    _launch(fused_gemv_router_kernel, fused_gemv_router_tuned, args, {"BLOCK_E": block_e, "SPREAD": spread}, m, n, k,
             evict_first=evict_first)
     route_sums_kernel[(m,)](
         sums, h, logits, selection_bias if selection_bias is not None else logits, ids, weights,
         torch.empty(m * block_e, dtype=torch.float32, device=x.device), e, n, eps,  # the ranks' scratch
         1.0 / ROUTER_SCALE, h.stride(0), TOP_K=top_k, SOFTMAX=scoring == "softmax", RENORM=renormalize,
         HAS_BIAS=selection_bias is not None, BLOCK_E=block_e,
-        BLOCK_K=rstd_block(n) or min(1024, next_pow2(n)), CHUNK=chunk, num_warps=warps, **pdl(x))
+        BLOCK_K=rstd_block(n) or min(1024, next_pow2(n)), CHUNK=chunk, num_warps=warps, SPREAD=spread, **pdl(x))
     return h, logits, ids, weights
 
 

@@ -25,6 +25,7 @@ from athanor.kernels import (
     sample_top_k_top_p,
     splitk_linear,
 )
+from athanor.kernels.dispatch import router_sums
 from athanor.model.sampling import sample
 
 triton_only = pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
@@ -273,6 +274,23 @@ def test_linear_route_ranks_the_same_in_chunks(gen, monkeypatch):
         linear_route(*call, impl="triton")
     monkeypatch.setenv("ATHANOR_ROUTE_WARPS", "1")
     assert all(torch.equal(a, b) for a, b in zip(chunked, linear_route(*call, impl="triton"), strict=True))
+
+
+@triton_only
+def test_linear_route_sums_spread_apart_route_the_same(gen, monkeypatch):
+    """ATHANOR_SUMS_SPREAD: the router's sums 16 int64s apart (each on its own 128-byte line) give what packed sums
+    give, bit for bit (3 rows), and leave the spread sums zero for the next launch; a bad value is refused."""
+    experts, hidden, k = 60, 96, 200
+    x, w = torch.randn(3, k, generator=gen), torch.randn(hidden, k, generator=gen) / k**0.5
+    residual, nw = torch.randn(3, hidden, generator=gen), torch.randn(hidden, generator=gen)
+    call = (x, w, residual, torch.randn(experts, hidden, generator=gen), nw, 1e-5, 4, "softmax", True, None)
+    packed = linear_route(*call, impl="triton")
+    monkeypatch.setenv("ATHANOR_SUMS_SPREAD", "16")
+    assert all(torch.equal(a, b) for a, b in zip(packed, linear_route(*call, impl="triton"), strict=True))
+    assert not router_sums(x.device).any()
+    monkeypatch.setenv("ATHANOR_SUMS_SPREAD", "3")
+    with pytest.raises(ConfigError, match="ATHANOR_SUMS_SPREAD"):
+        linear_route(*call, impl="triton")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

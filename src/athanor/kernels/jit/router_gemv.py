@@ -46,12 +46,14 @@ def fused_gemv_router_kernel(
     BLOCK_E: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr, EVICT: tl.constexpr = "",
+    SPREAD: tl.constexpr = 1,
 ):
     """Y = R + X @ W.T (a projection with the residual add: the O projection before a MoE block), then each row's
     share of the MoE router's logits from this strip of Y: SUMS[m, e] += sum over the strip's columns n of
     Y[m, n] * RNW[n] * RW[e, n] (RW: the router [E, N]; RNW: the block's RMSNorm weight), in int64 fixed point
     (x `scale`, rounded to nearest), so the sum does not depend on the order the strips finish in. The RMSNorm's
-    scale is one factor per row and comes out of the sum: `route_sums_kernel` applies it and routes."""
+    scale is one factor per row and comes out of the sum: `route_sums_kernel` applies it and routes. SUMS[m, e] is at
+    SUMS + (m * E + e) * SPREAD (see `add_router_share`)."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
     # The router's strip (weights: no earlier kernel writes them) is loaded before the projection's wait.
@@ -60,7 +62,7 @@ def fused_gemv_router_kernel(
                          False, False, False, True, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK,
                          X, False, EVICT)
     if done:
-        add_router_share(rw, Y, SUMS, rn, n_mask, M, E, scale, y_s0, BLOCK_E, BLOCK_M)
+        add_router_share(rw, Y, SUMS, rn, n_mask, M, E, scale, y_s0, BLOCK_E, BLOCK_M, SPREAD)
 
 
 @triton.jit
@@ -72,9 +74,12 @@ def router_strip(RW, RNW, rn, n_mask, N, E, BLOCK_E: tl.constexpr):
 
 
 @triton.jit
-def add_router_share(rw, Y, SUMS, rn, n_mask, M, E, scale, y_s0, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr):
+def add_router_share(rw, Y, SUMS, rn, n_mask, M, E, scale, y_s0, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr,
+                     SPREAD: tl.constexpr = 1):
     """SUMS[m, e] += the fixed-point share of the columns rn of Y's row m in each expert's logit (`router_strip`'s
-    rw), for the M rows: the epilogue of a program that has just stored its strip of Y."""
+    rw), for the M rows: the epilogue of a program that has just stored its strip of Y. SUMS[m, e] is at
+    SUMS + (m * E + e) * SPREAD: with SPREAD 16 each sum has its own 128-byte line, so the launch's atomics (every
+    program adds to every sum) spread over L2's slices instead of queueing at the few that hold E packed sums."""
     tl.debug_barrier()  # the strip of Y stored by this program's threads, read back by others of them
     e = tl.arange(0, BLOCK_E)
     for m in tl.static_range(BLOCK_M):
@@ -84,14 +89,14 @@ def add_router_share(rw, Y, SUMS, rn, n_mask, M, E, scale, y_s0, BLOCK_E: tl.con
             y = tl.load(Y + m * y_s0 + rn, mask=n_mask, other=0.0, cache_modifier=".cg").to(tl.float32)
             part = tl.sum(rw * y[None, :], axis=1) * scale
             fixed = tl.where(part >= 0, part + 0.5, part - 0.5).to(tl.int64)
-            tl.atomic_add(SUMS + m * E + e, fixed, mask=e < E, sem="relaxed")
+            tl.atomic_add(SUMS + (m * E + e) * SPREAD, fixed, mask=e < E, sem="relaxed")
 
 
 @triton.jit
 def route_sums_kernel(
     SUMS, H, LOGITS, RB, IDS, TOPW, CHOOSERS, E, K, eps, inv_scale, h_s0,
     TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr, SPREAD: tl.constexpr = 1,
 ):
     """One token's routing from the sums `fused_gemv_router_kernel` left: its logits are rstd(H row) * SUMS row /
     scale, rounded to H's dtype as the router GEMV's output is (stored in LOGITS), then what `route_kernel` does
@@ -102,24 +107,26 @@ def route_sums_kernel(
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
-    route_sums_row(SUMS + row * E, H + row * h_s0, LOGITS + row * E, RB, IDS + row * TOP_K, TOPW + row * TOP_K, LOGITS,
+    route_sums_row(SUMS + row * E * SPREAD, H + row * h_s0, LOGITS + row * E, RB, IDS + row * TOP_K, TOPW + row * TOP_K, LOGITS,
                    CHOOSERS + row * BLOCK_E, E, K, eps, inv_scale, TOP_K, SOFTMAX, RENORM, HAS_BIAS, BLOCK_E, BLOCK_K,
-                   CHUNK, False)
+                   CHUNK, False, SPREAD)
 
 
 @triton.jit
 def route_sums_row(SUMS, H, LOGITS, RB, IDS, TOPW, RSTD, CHOOSERS, E, K, eps, inv_scale,
                    TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr,
-                   BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, STORE_RSTD: tl.constexpr):
+                   BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, STORE_RSTD: tl.constexpr,
+                   SPREAD: tl.constexpr = 1):
     """`route_sums_kernel`'s work for one row (its sums, residual row, logits, ids, weights at SUMS, H, LOGITS, IDS,
-    TOPW): the logits, the top-k, the sums zeroed; and the row's 1/RMS stored at RSTD under STORE_RSTD."""
+    TOPW): the logits, the top-k, the sums zeroed; and the row's 1/RMS stored at RSTD under STORE_RSTD. Expert e's
+    sum is at SUMS + e * SPREAD (`add_router_share`)."""
     e = tl.arange(0, BLOCK_E)
     e_mask = e < E
-    sums = tl.load(SUMS + e, mask=e_mask, other=0, cache_modifier=".cg")
+    sums = tl.load(SUMS + e * SPREAD, mask=e_mask, other=0, cache_modifier=".cg")
     rstd = row_rstd(H, K, eps, tl.arange(0, BLOCK_K), 1, BLOCK_K)
     logits = (sums.to(tl.float32) * inv_scale * rstd).to(LOGITS.dtype.element_ty)
     tl.store(LOGITS + e, logits, mask=e_mask)
-    tl.store(SUMS + e, tl.zeros_like(sums), mask=e_mask)
+    tl.store(SUMS + e * SPREAD, tl.zeros_like(sums), mask=e_mask)
     if STORE_RSTD:
         tl.store(RSTD, rstd)
     rank, chosen, weights = rank_logits(tl.where(e_mask, logits.to(tl.float32), float("-inf")), RB, e, E, TOP_K,
