@@ -45,6 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--dtype", default="bfloat16")
     d.add_argument("--iters", type=int, default=50, help="at least this many timed steps")
     d.add_argument("--routing", default="", help="MoE: a RoutingProfile JSON to replay (default: Zipf-parametric)")
+    d.add_argument("--windows", type=int, default=0, help="time the step this many times more (into window_ms): "
+                                                          "a steady state or a transient")
     d.add_argument("--json", required=True, help="where to write the record")
     d.set_defaults(func=cmd_decode)
 
@@ -71,7 +73,8 @@ def cmd_decode(args: argparse.Namespace) -> int:
     from athanor.moves.decode_bench import bench_decode
 
     record = bench_decode(args.model, args.batch, args.context, candidate=args.candidate, use_compile=args.compile,
-                          device=args.device, dtype=args.dtype, iters=args.iters, routing=args.routing or None)
+                          device=args.device, dtype=args.dtype, iters=args.iters, routing=args.routing or None,
+                          windows=args.windows)
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")

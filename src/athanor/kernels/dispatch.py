@@ -167,7 +167,7 @@ def argmax_best(device: Any) -> Tensor:
 def router_sums(device: Any) -> Tensor:
     """int64 accumulators of MoE router logits in fixed point (`fused_gemv_router_kernel` adds into them, the routing
     kernel after it reads and zeroes them), [rows, experts] row-major, each `gemv.sums_spread()` apart: 1 << 17 of them
-    (1 MB), 8 rows of up to 1024 experts 16 apart."""
+    (1 MB): 8 rows of 128 experts 128 apart, one row of 1024 experts 128 apart."""
     import torch
 
     return _zeroed("router_sums", device, 1 << 17, torch.int64)

@@ -256,11 +256,15 @@ def route_chunk() -> int:
 
 
 def sums_spread() -> int:
-    """The distance in int64s between `linear_route`'s router sums (`add_router_share`'s SPREAD): ATHANOR_SUMS_SPREAD,
-    1 by default (packed), read at each launch (A/B runs in one process: `bench/env_sweep.py`)."""
-    value = os.environ.get("ATHANOR_SUMS_SPREAD", "1")
-    if value not in ("1", "2", "4", "8", "16", "32", "64"):
-        raise ConfigError(f"ATHANOR_SUMS_SPREAD must be a power of two from 1 to 64, not {value!r}")
+    """The distance in int64s between `linear_route`'s router sums (`add_router_share`'s SPREAD), at most what the
+    sums' array holds for the rows and experts: ATHANOR_SUMS_SPREAD, 64 by default (512 bytes), read at each launch
+    (A/B runs in one process: `bench/env_sweep.py`). qwen3-30b-a3b on an H200, alternating in one process
+    (`bench/results/sums-spread-eb5e623/`): 2.397 ms x4 at 64, 2.407 x2 at 16, 2.437-2.438 x6 packed (1): every O
+    projection program adds into every expert's sum, and 128 packed sums sit in 8 lines of L2, whose slices then
+    queue 4096 atomics each."""
+    value = os.environ.get("ATHANOR_SUMS_SPREAD", "64")
+    if value not in ("1", "2", "4", "8", "16", "32", "64", "128", "256"):
+        raise ConfigError(f"ATHANOR_SUMS_SPREAD must be a power of two from 1 to 256, not {value!r}")
     return int(value)
 
 
@@ -287,9 +291,9 @@ def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_
     logits to the model dtype. `evict_first`: the projection's as `fused_linear`'s."""
     m, k = x.shape
     e, hidden = router_w.shape
-    spread = sums_spread()
+    room = router_sums(x.device).numel()
     if (m > MAX_FUSED_ROWS or not use_triton(x, impl) or scoring not in ("softmax", "sigmoid")
-            or m * e * spread > router_sums(x.device).numel()):
+            or m * e > room):
         h = fused_linear(x, w, residual=residual, impl=impl, evict_first=evict_first)
         logits = fused_linear(h, router_w, norm_weight=norm_weight, eps=eps, impl=impl)
         return h, logits, *route(logits, top_k, scoring, renormalize, selection_bias, impl=impl)
@@ -310,6 +314,9 @@ def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_
         return h, logits, ids, weights
     sums = router_sums(x.device)
     block_e = next_pow2(e)
+    spread = sums_spread()
+    while m * e * spread > room:  # as far apart as the array holds (qwen3's 128 at one row: 256 of 1 << 17)
+        spread //= 2
     args = (x, w, residual, h, _workspace(m, n, x.device), tickets(x.device), router_w, norm_weight, sums,
             m, n, k, e, ROUTER_SCALE, x.stride(0), w.stride(0), residual.stride(0), h.stride(0))
     # Both read before the first launch: a bad value must not leave the sums added into.

@@ -124,8 +124,12 @@ def replay_routing(model: Model, profile_path: str | None, max_batch: int) -> tu
 def bench_decode(model_name: str, batch: int, context: int, candidate: str = "reference", use_compile: bool = False,
                  device: str = "cuda", dtype: str = "bfloat16", iters: int = 50, min_time_s: float = 1.0,
                  routing: str | None = None, model: Model | None = None, profile: RoutingProfile | None = None,
-                 kernels: bool = False) -> dict[str, Any]:
+                 kernels: bool = False, windows: int = 0) -> dict[str, Any]:
     """Time one (model, batch, context, candidate) cell; returns its JSON-ready record.
+
+    `windows`: after the timing, time the same captured step `windows` times more, each as long, into `window_ms`:
+    whether the figure is the step's steady state or a transient after the capture (the first cell of a process has
+    read ~2-4% slower than the next ones).
 
     `kernels`: also profile the timed step (torch.profiler, CUDA) into `kernels` (each kernel's
     calls and microseconds per step), `kernel_us_per_step` and `gap_us_per_step` (the step time
@@ -195,6 +199,9 @@ def bench_decode(model_name: str, batch: int, context: int, candidate: str = "re
         x = StepInputs(tokens=rows % 100, positions=pos, slots=rows, seq_lens=pos,
                        temperature=torch.zeros(batch, device=dev), top_p=torch.ones(batch, device=dev), seeds=rows)
         times = time_steps(lambda: runner.step(x, greedy=True), dev, iters, min_time_s)  # temperature 0
+        if windows:
+            record["window_ms"] = [1000 * time_steps(lambda: runner.step(x, greedy=True), dev, iters, min_time_s)
+                                   for _ in range(windows)]
         if kernels and dev.type == "cuda":
             record.update(kernel_profile(lambda: runner.step(x, greedy=True), dev, step_us=1e6 * times,
                                          layers=spec.num_layers))

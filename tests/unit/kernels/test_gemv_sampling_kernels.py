@@ -278,16 +278,19 @@ def test_linear_route_ranks_the_same_in_chunks(gen, monkeypatch):
 
 @triton_only
 def test_linear_route_sums_spread_apart_route_the_same(gen, monkeypatch):
-    """ATHANOR_SUMS_SPREAD: the router's sums 16 int64s apart (each on its own 128-byte line) give what packed sums
-    give, bit for bit (3 rows), and leave the spread sums zero for the next launch; a bad value is refused."""
+    """ATHANOR_SUMS_SPREAD: the router's sums 16 or 256 int64s apart (each on its own 128-byte line; 256 more than the
+    array holds for 3 rows of 60 experts, so as far apart as it does) give what packed sums give, bit for bit, and
+    leave the spread sums zero for the next launch; a bad value is refused."""
     experts, hidden, k = 60, 96, 200
     x, w = torch.randn(3, k, generator=gen), torch.randn(hidden, k, generator=gen) / k**0.5
     residual, nw = torch.randn(3, hidden, generator=gen), torch.randn(hidden, generator=gen)
     call = (x, w, residual, torch.randn(experts, hidden, generator=gen), nw, 1e-5, 4, "softmax", True, None)
+    monkeypatch.setenv("ATHANOR_SUMS_SPREAD", "1")
     packed = linear_route(*call, impl="triton")
-    monkeypatch.setenv("ATHANOR_SUMS_SPREAD", "16")
-    assert all(torch.equal(a, b) for a, b in zip(packed, linear_route(*call, impl="triton"), strict=True))
-    assert not router_sums(x.device).any()
+    for spread in ("16", "256"):
+        monkeypatch.setenv("ATHANOR_SUMS_SPREAD", spread)
+        assert all(torch.equal(a, b) for a, b in zip(packed, linear_route(*call, impl="triton"), strict=True))
+        assert not router_sums(x.device).any()
     monkeypatch.setenv("ATHANOR_SUMS_SPREAD", "3")
     with pytest.raises(ConfigError, match="ATHANOR_SUMS_SPREAD"):
         linear_route(*call, impl="triton")
