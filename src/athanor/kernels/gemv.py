@@ -257,12 +257,13 @@ def route_chunk() -> int:
 
 def sums_spread() -> int:
     """The distance in int64s between `linear_route`'s router sums (`add_router_share`'s SPREAD), at most what the
-    sums' array holds for the rows and experts: ATHANOR_SUMS_SPREAD, 64 by default (512 bytes), read at each launch
-    (A/B runs in one process: `bench/env_sweep.py`). qwen3-30b-a3b on an H200, alternating in one process
-    (`bench/results/sums-spread-eb5e623/`): 2.397 ms x4 at 64, 2.407 x2 at 16, 2.437-2.438 x6 packed (1): every O
-    projection program adds into every expert's sum, and 128 packed sums sit in 8 lines of L2, whose slices then
-    queue 4096 atomics each."""
-    value = os.environ.get("ATHANOR_SUMS_SPREAD", "64")
+    sums' array holds for the rows and experts: ATHANOR_SUMS_SPREAD, 128 by default (1 KB), read at each launch
+    (A/B runs in one process: `bench/env_sweep.py`). qwen3-30b-a3b on two H200s, alternating in one process: 2.397 ms
+    x4 at 64, 2.407 x2 at 16, 2.437-2.438 x6 packed (1) (`bench/results/sums-spread-eb5e623/`); 2.378-2.379 x4 at 128,
+    2.380 x2 at 256, 2.385-2.387 x5 at 64, 2.430 packed (`bench/results/sums-spread-6636964/`). Every O projection
+    program adds into every expert's sum: 128 packed sums sit in 8 lines of L2, whose slices then queue 4096 atomics
+    each (the likely reason; not profiled in L2)."""
+    value = os.environ.get("ATHANOR_SUMS_SPREAD", "128")
     if value not in ("1", "2", "4", "8", "16", "32", "64", "128", "256"):
         raise ConfigError(f"ATHANOR_SUMS_SPREAD must be a power of two from 1 to 256, not {value!r}")
     return int(value)
@@ -315,7 +316,7 @@ def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_
     sums = router_sums(x.device)
     block_e = next_pow2(e)
     spread = sums_spread()
-    while m * e * spread > room:  # as far apart as the array holds (qwen3's 128 at one row: 256 of 1 << 17)
+    while m * e * spread > room:  # as far apart as the array holds (qwen3's 128 experts: 1024 apart at one row)
         spread //= 2
     args = (x, w, residual, h, _workspace(m, n, x.device), tickets(x.device), router_w, norm_weight, sums,
             m, n, k, e, ROUTER_SCALE, x.stride(0), w.stride(0), residual.stride(0), h.stride(0))
