@@ -250,8 +250,8 @@ def expert_gemv(x: Tensor, w: Tensor, topk_ids: Tensor | RouterLogits, *, w2: Te
     `settled` (a PDL schedule hint; no effect without PDL): topk_ids and topk_weights were written before
     the launch just before this one, and that launch is an `expert_gemv` (the gate/up call before the
     down call): the kernel then reads the ids and its first weight tile before waiting for that launch.
-    `evict_first` (a hint): the weights are read with L2's evict-first policy, so they do not push out what a kernel
-    before asked L2 for (`linear_route(prefetch=...)`).
+    `evict_first` (a hint; no value changes): the weights are read with L2's evict-first policy (each is read once a
+    step), so they give way first to what else the step reads.
     """
     if isinstance(topk_ids, RouterLogits):
         router, t, k = topk_ids, topk_ids.logits.shape[0], topk_ids.top_k

@@ -46,8 +46,8 @@ def expert_gemv_kernel(
     PDL: the program waits for the previous kernel before reading the ids (they come from the routing
     kernel, or the logits from the router's GEMV), unless SETTLED (see `expert_gemv`): then it reads them and
     its first weight tile first.
-    EVICT: the weight loads' L2 eviction policy ("evict_first": read once a step, they give way first, so what a kernel
-    asked L2 for stays there; `linear_route(prefetch=...)`).
+    EVICT: the weight loads' L2 eviction policy ("evict_first": read once a step, they give way first to what the step
+    reads again; `expert_gemv(evict_first=True)`).
     Either way it lets the next kernel start right after its wait, so a SETTLED launch after this one
     finds every kernel before this one finished."""
     if PDL and not SETTLED:
