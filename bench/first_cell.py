@@ -1,0 +1,63 @@
+"""Why a process's first decode cell reads slower than its next ones (issue 7): a probe for one device call.
+
+The same best-known qwen3-30b-a3b step has read 2.438 ms in a process's first cell and 2.387 in its second
+(`bench/results/best-b1-b653fc4/`), and 2.444 through the CLI, a process each; six more timings of the same captured
+step read the same, so it is a state of the cell, not a transient. The attention's kernels carry it (the split kernel
+199 against 132 us a step on the critical path). Each cell builds the candidate again (its KV cache, allocated at the
+build) and captures its graphs (their buffers in a private pool): a guess is where those first allocations land.
+
+This process loads the model once, then, with `--prealloc-mb N`, allocates and frees N MB through PyTorch's caching
+allocator (kept cached, so the first cell's buffers reuse those segments, as a second cell's reuse the first's), and
+times `--cells` cells of the best-known one after another, each profiled (the attention kernels' microseconds a step
+printed). Run it twice, at 0 and at a few hundred MB: if the first cell is then as fast as the second, the placement
+of a process's first allocations is the cause.
+
+    python bench/first_cell.py [--model qwen3-30b-a3b] [--routing FILE] [--prealloc-mb 0] [--cells 2]
+
+Writes $OUT/first_cell_<model>_<prealloc>.json (every cell's record).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from _record import result_path, write
+
+WATCHED = ("decode_attention_split_kernel", "decode_attention_merge_kernel", "fused_gemv_router_kernel")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen3-30b-a3b")
+    parser.add_argument("--routing", default=None, help="a recorded routing profile to replay (MoE)")
+    parser.add_argument("--prealloc-mb", type=int, default=0, help="MB allocated and freed (kept cached) first")
+    parser.add_argument("--cells", type=int, default=2)
+    args = parser.parse_args()
+
+    import torch
+
+    from athanor.moves.decode_bench import bench_decode
+    from decode_matrix import load_or_say
+
+    loaded = load_or_say(args.model, args.routing)
+    if loaded is None:
+        return 1
+    model, profile = loaded
+    if args.prealloc_mb:
+        block = torch.empty(args.prealloc_mb << 20, dtype=torch.uint8, device="cuda")
+        del block  # back to the allocator's cache, not to the driver: the cells' first buffers reuse it
+    records = []
+    for cell in range(args.cells):
+        record = bench_decode(args.model, 1, 1024, candidate="best", routing=args.routing, model=model,
+                              profile=profile, kernels=True)
+        records.append(record)
+        us = {k["name"]: round(k["us_per_step"], 1) for k in record.get("kernels", []) if k["name"] in WATCHED}
+        print(f"prealloc {args.prealloc_mb} MB, cell {cell + 1}: {record.get('ms_per_token', float('nan')):.4f} ms; "
+              f"us a step: {us}", flush=True)
+    write({"model": args.model, "prealloc_mb": args.prealloc_mb, "cells": records},
+          result_path(f"first_cell_{args.model}_{args.prealloc_mb}.json"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
