@@ -8,20 +8,25 @@ mkdir -p "$OUT"
 # fails at once instead of after ~8 s of retries in every process's first evaluation; the text falls back
 # to the corpus' bytes (athanor.evaluate.scripts).
 export PYTHONUNBUFFERED=1 OUT PIP_NO_INDEX=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/athanor-site .whl/*.whl
-export PYTHONPATH=$PWD/src:/tmp/athanor-site
-# The compiler caches (Triton kernels and autotuning results) where the engines look for them, restored from a
-# carried .compile_cache/compile_cache.tgz (an earlier call's $OUT/compile_cache.tgz) when there is one.
-# Where the engines keep them, exported for this process too (bench/decode_matrix.py's in-process engine): its Triton
-# kernels and autotuning results are kept and reused as the engine workers' are, instead of tuned afresh in every
-# call (the same 1B code read 0.898 and 0.924 ms in two calls, one kernel's share of the step apart: a different
-# pick, likely).
-eval "$(python3 -c 'from athanor.engine.config import EngineConfig
+# Once a call: a device script that runs another (bench/gpu_evict.sh runs gpu_variants.sh per model) inherits the
+# path and cache variables, and neither installs again nor restores the carried caches over what it has tuned.
+if [ -z "${ATHANOR_GPU_ENV:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/athanor-site .whl/*.whl
+  export PYTHONPATH=$PWD/src:/tmp/athanor-site
+  # The compiler caches (Triton kernels and autotuning results) where the engines look for them, restored from a
+  # carried .compile_cache/compile_cache.tgz (an earlier call's $OUT/compile_cache.tgz) when there is one.
+  # Where the engines keep them, exported for this process too (bench/decode_matrix.py's in-process engine): its Triton
+  # kernels and autotuning results are kept and reused as the engine workers' are, instead of tuned afresh in every
+  # call (the same 1B code read 0.898 and 0.924 ms in two calls, one kernel's share of the step apart: a different
+  # pick, likely).
+  eval "$(python3 -c 'from athanor.engine.config import EngineConfig
 config = EngineConfig(model="")
-print(f"COMPILE_CACHE={config.compile_cache_dir()}")
+print(f"export COMPILE_CACHE={config.compile_cache_dir()}")
 for k, v in config.cache_env().items(): print(f"export {k}={v}")')"
-if [ -f .compile_cache/compile_cache.tgz ]; then
-  mkdir -p "$COMPILE_CACHE" && tar xzf .compile_cache/compile_cache.tgz -C "$COMPILE_CACHE" && echo "compiler caches restored"
+  if [ -f .compile_cache/compile_cache.tgz ]; then
+    mkdir -p "$COMPILE_CACHE" && tar xzf .compile_cache/compile_cache.tgz -C "$COMPILE_CACHE" && echo "compiler caches restored"
+  fi
+  export ATHANOR_GPU_ENV=1
 fi
 
 # The candidate files of an A/B (see bench/gpu_qwen3_rope.sh):

@@ -292,9 +292,9 @@ def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_
     logits to the model dtype. `evict_first`: the projection's as `fused_linear`'s."""
     m, k = x.shape
     e, hidden = router_w.shape
-    room = router_sums(x.device).numel()
+    sums = router_sums(x.device)
     if (m > MAX_FUSED_ROWS or not use_triton(x, impl) or scoring not in ("softmax", "sigmoid")
-            or m * e > room):
+            or m * e > sums.numel()):
         h = fused_linear(x, w, residual=residual, impl=impl, evict_first=evict_first)
         logits = fused_linear(h, router_w, norm_weight=norm_weight, eps=eps, impl=impl)
         return h, logits, *route(logits, top_k, scoring, renormalize, selection_bias, impl=impl)
@@ -313,10 +313,9 @@ def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_
     weights = torch.empty((m, top_k), dtype=torch.float32, device=x.device)
     if m == 0:
         return h, logits, ids, weights
-    sums = router_sums(x.device)
     block_e = next_pow2(e)
     spread = sums_spread()
-    while m * e * spread > room:  # as far apart as the array holds (qwen3's 128 experts: 1024 apart at one row)
+    while m * e * spread > sums.numel():  # as far apart as the array holds (qwen3's 128 experts: 1024 apart at one row)
         spread //= 2
     args = (x, w, residual, h, _workspace(m, n, x.device), tickets(x.device), router_w, norm_weight, sums,
             m, n, k, e, ROUTER_SCALE, x.stride(0), w.stride(0), residual.stride(0), h.stride(0))

@@ -198,13 +198,15 @@ def bench_decode(model_name: str, batch: int, context: int, candidate: str = "re
         pos = torch.full((batch,), context, dtype=torch.long, device=dev)
         x = StepInputs(tokens=rows % 100, positions=pos, slots=rows, seq_lens=pos,
                        temperature=torch.zeros(batch, device=dev), top_p=torch.ones(batch, device=dev), seeds=rows)
-        times = time_steps(lambda: runner.step(x, greedy=True), dev, iters, min_time_s)  # temperature 0
+
+        def step() -> Any:
+            return runner.step(x, greedy=True)  # temperature 0
+
+        times = time_steps(step, dev, iters, min_time_s)
         if windows:
-            record["window_ms"] = [1000 * time_steps(lambda: runner.step(x, greedy=True), dev, iters, min_time_s)
-                                   for _ in range(windows)]
+            record["window_ms"] = [1000 * time_steps(step, dev, iters, min_time_s) for _ in range(windows)]
         if kernels and dev.type == "cuda":
-            record.update(kernel_profile(lambda: runner.step(x, greedy=True), dev, step_us=1e6 * times,
-                                         layers=spec.num_layers))
+            record.update(kernel_profile(step, dev, step_us=1e6 * times, layers=spec.num_layers))
         record["autotuned"] = autotuned_configs()  # the shapes the pinned table (jit.pinned) did not hold
         record["pinned_configs"] = PINNED_CONFIGS
         engine._release(engine.residents.pop(reply.candidate_id))

@@ -356,12 +356,9 @@ class FastForward:
             q, k, v = self._qkv(layer, h, norm=layer.attn_norm)
             return self._attend(i, layer, q, k, v, positions, slots, kv_lens)
         kv = self._kv_write(i, layer, positions, slots)
-        if tokens is not None:
-            q = qkv_rope_cache(self.embed, layer.wqkv, layer.bqkv, layer.attn_norm, self.eps, self.spec.num_heads, kv,
-                               gather=(tokens, h), evict_first=self.evict_all)
-        else:
-            q = qkv_rope_cache(h, layer.wqkv, layer.bqkv, layer.attn_norm, self.eps, self.spec.num_heads, kv,
-                               evict_first=self.evict_all)
+        gather = None if tokens is None else (tokens, h)  # the embedding's rows, read by the kernel into h
+        q = qkv_rope_cache(h if gather is None else self.embed, layer.wqkv, layer.bqkv, layer.attn_norm, self.eps,
+                           self.spec.num_heads, kv, gather=gather, evict_first=self.evict_all)
         return self._attention(i, q, slots, kv_lens)
 
     def _kv_write(self, i: int, layer: Layer, positions: Tensor, slots: Tensor) -> KVWrite:
