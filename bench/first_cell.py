@@ -24,6 +24,37 @@ import argparse
 from _record import result_path, write
 
 WATCHED = ("decode_attention_split_kernel", "decode_attention_merge_kernel", "fused_gemv_router_kernel")
+SPLIT_ARGS = ("q", "k_cache", "v_cache", "slots", "kv_lens", "o_part", "lse_part", "out")
+
+
+def log_split_pointers(launches: list[dict[str, int]]) -> None:
+    """Record the device addresses the split-KV attention kernel is launched with (each launch's tensors) into
+    `launches`: whether a slow cell's attention reads and writes elsewhere than a fast one's."""
+    import athanor.kernels.jit.attention as jit_attention
+
+    kernel = jit_attention.decode_attention_split_kernel
+
+    class Logged:
+        def __getitem__(self, grid):  # type: ignore[no-untyped-def]
+            launch = kernel[grid]
+
+            def run(*args, **kwargs):  # type: ignore[no-untyped-def]
+                launches.append({name: args[i].data_ptr() for i, name in enumerate(SPLIT_ARGS)})
+                return launch(*args, **kwargs)
+            return run
+
+    jit_attention.decode_attention_split_kernel = Logged()
+
+
+def pointers(launches: list[dict[str, int]], layers: int) -> dict[str, object]:
+    """The captured step's (the last `layers` launches) addresses: layer 0's, and per tensor how many distinct
+    addresses and their offsets within 2 MiB pages."""
+    captured = launches[-layers:]
+    out: dict[str, object] = {"layer0": {k: hex(v) for k, v in captured[0].items()}}
+    for name in SPLIT_ARGS:
+        ptrs = [c[name] for c in captured]
+        out[name] = {"distinct": len(set(ptrs)), "offsets_2mb": sorted({hex(p % (2 << 20)) for p in ptrs})[:6]}
+    return out
 
 
 def main() -> int:
@@ -46,14 +77,20 @@ def main() -> int:
     if args.prealloc_mb:
         block = torch.empty(args.prealloc_mb << 20, dtype=torch.uint8, device="cuda")
         del block  # back to the allocator's cache, not to the driver: the cells' first buffers reuse it
+    launches: list[dict[str, int]] = []
+    log_split_pointers(launches)
     records = []
     for cell in range(args.cells):
+        launches.clear()
         record = bench_decode(args.model, 1, 1024, candidate="best", routing=args.routing, model=model,
                               profile=profile, kernels=True)
+        if launches:
+            record["split_pointers"] = pointers(launches, model.spec.num_layers)
         records.append(record)
         us = {k["name"]: round(k["us_per_step"], 1) for k in record.get("kernels", []) if k["name"] in WATCHED}
         print(f"prealloc {args.prealloc_mb} MB, cell {cell + 1}: {record.get('ms_per_token', float('nan')):.4f} ms; "
               f"us a step: {us}", flush=True)
+        print(f"  pointers: {record.get('split_pointers')}", flush=True)
     write({"model": args.model, "prealloc_mb": args.prealloc_mb, "cells": records},
           result_path(f"first_cell_{args.model}_{args.prealloc_mb}.json"))
     return 0
