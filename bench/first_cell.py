@@ -6,20 +6,23 @@ step read the same, so it is a state of the cell, not a transient. The attention
 199 against 132 us a step on the critical path). Each cell builds the candidate again (its KV cache, allocated at the
 build) and captures its graphs (their buffers in a private pool): a guess is where those first allocations land.
 
-This process loads the model once, then, with `--prealloc-mb N`, allocates and frees N MB through PyTorch's caching
-allocator (kept cached, so the first cell's buffers reuse those segments, as a second cell's reuse the first's), and
-times `--cells` cells of the best-known one after another, each profiled (the attention kernels' microseconds a step
-printed). Run it twice, at 0 and at a few hundred MB: if the first cell is then as fast as the second, the placement
-of a process's first allocations is the cause.
+This process loads the model once and times `--cells` cells of a candidate one after another, each profiled (the
+attention kernels' microseconds a step printed, the split kernel's addresses in the record). What may set the first
+cell apart, each an option: the copy bandwidth's measurement (2 x 2 GiB allocated, copied, freed and the allocator's
+cache emptied: inside a process's first cell) moved before the model loads (`--bandwidth-first`); the allocator's
+cache emptied before the first cell (`--empty-cache`); `--prealloc-mb N` allocated and freed after the bandwidth
+(kept cached: the first cell's buffers are carved from it, as a second cell's come from what the first freed).
 
-    python bench/first_cell.py [--model qwen3-30b-a3b] [--routing FILE] [--prealloc-mb 0] [--cells 2]
+    python bench/first_cell.py [--model qwen3-30b-a3b] [--routing FILE] [--cells 2] [--candidate best|FILE]
+        [--bandwidth-first] [--empty-cache] [--prealloc-mb N]
 
-Writes $OUT/first_cell_<model>_<prealloc>.json (every cell's record).
+Writes $OUT/first_cell_<model>_<options>.json (every cell's record).
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from _record import result_path, write
 
@@ -62,37 +65,49 @@ def main() -> int:
     parser.add_argument("--model", default="qwen3-30b-a3b")
     parser.add_argument("--routing", default=None, help="a recorded routing profile to replay (MoE)")
     parser.add_argument("--prealloc-mb", type=int, default=0, help="MB allocated and freed (kept cached) first")
+    parser.add_argument("--bandwidth-first", action="store_true",
+                        help="measure the copy bandwidth (2 x 2 GiB allocated, copied, freed, the cache emptied) "
+                             "before the model loads, not inside the first cell")
+    parser.add_argument("--empty-cache", action="store_true", help="empty the allocator's cache before the first cell")
+    parser.add_argument("--candidate", default="best", help="'best' or a candidate file")
     parser.add_argument("--cells", type=int, default=2)
     args = parser.parse_args()
 
     import torch
 
-    from athanor.moves.decode_bench import bench_decode
+    from athanor.moves.decode_bench import bench_decode, copy_bandwidth
     from decode_matrix import load_or_say
 
+    if args.bandwidth_first:
+        copy_bandwidth(torch.device("cuda"))  # cached for the process: the cells do not measure it again
     loaded = load_or_say(args.model, args.routing)
     if loaded is None:
         return 1
     model, profile = loaded
+    if args.empty_cache:
+        torch.cuda.empty_cache()
     if args.prealloc_mb:
+        copy_bandwidth(torch.device("cuda"))  # its emptying of the cache would release the block again
         block = torch.empty(args.prealloc_mb << 20, dtype=torch.uint8, device="cuda")
         del block  # back to the allocator's cache, not to the driver: the cells' first buffers reuse it
+    label = "_".join(str(x) for x in (args.prealloc_mb, "bw" * args.bandwidth_first, "empty" * args.empty_cache,
+                                      Path(args.candidate).stem) if x != "")
     launches: list[dict[str, int]] = []
     log_split_pointers(launches)
     records = []
     for cell in range(args.cells):
         launches.clear()
-        record = bench_decode(args.model, 1, 1024, candidate="best", routing=args.routing, model=model,
+        record = bench_decode(args.model, 1, 1024, candidate=args.candidate, routing=args.routing, model=model,
                               profile=profile, kernels=True)
         if launches:
             record["split_pointers"] = pointers(launches, model.spec.num_layers)
         records.append(record)
         us = {k["name"]: round(k["us_per_step"], 1) for k in record.get("kernels", []) if k["name"] in WATCHED}
-        print(f"prealloc {args.prealloc_mb} MB, cell {cell + 1}: {record.get('ms_per_token', float('nan')):.4f} ms; "
+        print(f"{label}: prealloc {args.prealloc_mb} MB, cell {cell + 1}: {record.get('ms_per_token', float('nan')):.4f} ms; "
               f"us a step: {us}", flush=True)
-        print(f"  pointers: {record.get('split_pointers')}", flush=True)
-    write({"model": args.model, "prealloc_mb": args.prealloc_mb, "cells": records},
-          result_path(f"first_cell_{args.model}_{args.prealloc_mb}.json"))
+    write({"model": args.model, "prealloc_mb": args.prealloc_mb, "bandwidth_first": args.bandwidth_first,
+           "empty_cache": args.empty_cache, "candidate": args.candidate, "cells": records},
+          result_path(f"first_cell_{args.model}_{label}.json"))
     return 0
 
 
