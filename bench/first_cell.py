@@ -11,10 +11,11 @@ attention kernels' microseconds a step printed, the split kernel's addresses in 
 cell apart, each an option: the copy bandwidth's measurement (2 x 2 GiB allocated, copied, freed and the allocator's
 cache emptied: inside a process's first cell) moved before the model loads (`--bandwidth-first`); the allocator's
 cache emptied before the first cell (`--empty-cache`); `--prealloc-mb N` allocated and freed after the bandwidth
-(kept cached: the first cell's buffers are carved from it, as a second cell's come from what the first freed).
+(kept cached: the first cell's buffers are carved from it, as a second cell's come from what the first freed); the
+graphs captured twice in each cell, the second timed (`--recapture`); a cell of another model first (`--before`).
 
     python bench/first_cell.py [--model qwen3-30b-a3b] [--routing FILE] [--cells 2] [--candidate best|FILE]
-        [--bandwidth-first] [--empty-cache] [--prealloc-mb N]
+        [--bandwidth-first] [--empty-cache] [--prealloc-mb N] [--recapture] [--before MODEL]
 
 Writes $OUT/first_cell_<model>_<options>.json (every cell's record).
 """
@@ -70,6 +71,9 @@ def main() -> int:
                              "before the model loads, not inside the first cell")
     parser.add_argument("--empty-cache", action="store_true", help="empty the allocator's cache before the first cell")
     parser.add_argument("--candidate", default="best", help="'best' or a candidate file")
+    parser.add_argument("--recapture", action="store_true",
+                        help="every cell captures its graphs, drops them and captures again (times the second)")
+    parser.add_argument("--before", default=None, help="a model (e.g. tiny-moe) one cell of which runs first")
     parser.add_argument("--cells", type=int, default=2)
     args = parser.parse_args()
 
@@ -78,6 +82,21 @@ def main() -> int:
     from athanor.moves.decode_bench import bench_decode, copy_bandwidth
     from decode_matrix import load_or_say
 
+    if args.recapture:
+        from athanor.engine.graphs import DecodeRunner
+
+        capture = DecodeRunner.capture
+
+        def twice(self: DecodeRunner) -> None:
+            capture(self)
+            self._graphs.clear()
+            self._pool = None
+            capture(self)
+
+        DecodeRunner.capture = twice  # type: ignore[method-assign]
+    if args.before:
+        first = bench_decode(args.before, 1, 1024, candidate="best")
+        print(f"{args.before} first: {first.get('ms_per_token', float('nan')):.4f} ms", flush=True)
     if args.bandwidth_first:
         copy_bandwidth(torch.device("cuda"))  # cached for the process: the cells do not measure it again
     loaded = load_or_say(args.model, args.routing)
@@ -91,6 +110,7 @@ def main() -> int:
         block = torch.empty(args.prealloc_mb << 20, dtype=torch.uint8, device="cuda")
         del block  # back to the allocator's cache, not to the driver: the cells' first buffers reuse it
     label = "_".join(str(x) for x in (args.prealloc_mb, "bw" * args.bandwidth_first, "empty" * args.empty_cache,
+                                      "recapture" * args.recapture, args.before or "",
                                       Path(args.candidate).stem) if x != "")
     launches: list[dict[str, int]] = []
     log_split_pointers(launches)
@@ -106,7 +126,8 @@ def main() -> int:
         print(f"{label}: prealloc {args.prealloc_mb} MB, cell {cell + 1}: {record.get('ms_per_token', float('nan')):.4f} ms; "
               f"us a step: {us}", flush=True)
     write({"model": args.model, "prealloc_mb": args.prealloc_mb, "bandwidth_first": args.bandwidth_first,
-           "empty_cache": args.empty_cache, "candidate": args.candidate, "cells": records},
+           "empty_cache": args.empty_cache,
+           "recapture": args.recapture, "before": args.before, "candidate": args.candidate, "cells": records},
           result_path(f"first_cell_{args.model}_{label}.json"))
     return 0
 
