@@ -57,6 +57,34 @@ def test_captured_decode_equals_eager(dtype: torch.dtype) -> None:
             assert torch.equal(t_eager, t_graph)
 
 
+def test_first_capture_of_a_process_is_made_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first graphs a process captures on a device are dropped and captured again (they replay slower under
+    programmatic dependent launch); later runners capture once, and the kept graphs are the second capture's."""
+    from athanor.engine import graphs
+
+    device = torch.device("cuda")
+    model = random_model(get_preset("tiny-dense"), seed=0, device=device, dtype=torch.bfloat16)
+    captured: list[tuple[int, bool]] = []
+    capture = DecodeRunner._capture
+
+    def counted(self: DecodeRunner, rows: int, greedy: bool) -> None:
+        captured.append((rows, greedy))
+        capture(self, rows, greedy)
+
+    monkeypatch.setattr(DecodeRunner, "_capture", counted)
+    monkeypatch.setattr(graphs, "_graphs_warmed", set())
+    buckets = (1, 2, 4)
+    for expected in (2 * 2 * len(buckets), 2 * len(buckets)):
+        captured.clear()
+        forward = build(model, BuildContext(device, torch.bfloat16, MAX_SEQS, MAX_SEQ_LEN))
+        runner = DecodeRunner(forward, MAX_SEQS, model.spec.vocab_size, device, buckets)
+        runner.capture()
+        assert len(captured) == expected
+        assert len(runner._graphs) == 2 * len(buckets)
+        tokens, _, used = runner.step(_rows(2, 4, device), greedy=True)
+        assert used and tokens.shape == (2,)
+
+
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Supervisor]:
     config = EngineConfig(model="tiny-dense", device="cuda", dtype="bfloat16", max_seqs=MAX_SEQS,
