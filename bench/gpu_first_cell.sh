@@ -12,7 +12,7 @@ routing=${ROUTING:-.routing/qwen3-30b-a3b_gsm8k_en.json}
 [ -n "${TESTS:-}" ] && GPU_TEST_FILES="tests/gpu/test_engine_gpu.py tests/gpu/test_serve_gpu.py tests/gpu/test_kernels_gpu.py
   tests/gpu/test_moe_gpu.py" gpu_tests 240 "$TESTS"
 mkdir -p /tmp/f && variant /tmp/f/evict_none.py qwen3-30b-a3b evict_weights=None
-IFS=';' read -ra runs <<< "${RUNS:-;--prealloc-mb 512}"
+IFS=";" read -ra runs <<< "${RUNS-;--prealloc-mb 512}"  # RUNS="": none
 for run in "${runs[@]}"; do
   settings=() options=()
   for word in ${run//evict_none/--candidate /tmp/f/evict_none.py}; do
