@@ -67,9 +67,9 @@ def test_first_capture_of_a_process_is_made_twice(monkeypatch: pytest.MonkeyPatc
     captured: list[tuple[int, bool]] = []
     capture = DecodeRunner._capture
 
-    def counted(self: DecodeRunner, rows: int, greedy: bool) -> None:
+    def counted(self: DecodeRunner, rows: int, greedy: bool, stream: torch.cuda.Stream | None = None) -> None:
         captured.append((rows, greedy))
-        capture(self, rows, greedy)
+        capture(self, rows, greedy, stream)
 
     monkeypatch.setattr(DecodeRunner, "_capture", counted)
     monkeypatch.setattr(graphs, "_graphs_warmed", set())

@@ -89,6 +89,12 @@ _graphs_warmed: set[torch.device] = set()
 """The devices on which this process has captured (and dropped) its first decode graphs."""
 
 
+@functools.cache
+def _throwaway_stream(device: torch.device) -> torch.cuda.Stream:
+    """The stream a process's first, dropped decode graphs are captured on (see `DecodeRunner.capture`)."""
+    return torch.cuda.Stream(device)
+
+
 class DecodeRunner:
     def __init__(self, forward: Forward, max_seqs: int, vocab_size: int, device: torch.device,
                  buckets: tuple[int, ...]) -> None:
@@ -171,23 +177,27 @@ class DecodeRunner:
             # cells, its split-KV attention 200 against 131 us a step on the critical path (no difference with
             # ATHANOR_PDL=0; not where the buffers land: prealloc and cache emptying changed nothing). Captured again
             # in the same cell they read 2.407 (`bench/results/first-capture-c7c77f1/`). So, as NVIDIA advises for a
-            # new context (create and free a large graph first), the first capture is made, dropped and made again.
-            self._capture_buckets()
+            # new context (create and free a large graph first), the first capture is made and dropped. It is made
+            # on a stream of its own: cuBLAS keeps a workspace per stream, allocated at its first call there, inside
+            # the capture's memory pool; on the stream the kept graphs are captured on, that workspace would lie in
+            # this dropped pool, and the engine's clearing of cuBLAS workspaces would then unmap memory those graphs
+            # write (an illegal address in the evaluator's runs).
+            self._capture_buckets(stream=_throwaway_stream(device))
             self._graphs.clear()
             self._pool = None
             _graphs_warmed.add(device)
         self._capture_buckets()
         log.debug("captured decode graphs for buckets %s", self.buckets)
 
-    def _capture_buckets(self) -> None:
+    def _capture_buckets(self, stream: torch.cuda.Stream | None = None) -> None:
         for rows in reversed(self.buckets):
             for greedy in (False, True):
-                self._capture(rows, greedy)
+                self._capture(rows, greedy, stream)
         torch.cuda.synchronize(self.device)
 
-    def _capture(self, rows: int, greedy: bool) -> None:
+    def _capture(self, rows: int, greedy: bool, stream: torch.cuda.Stream | None = None) -> None:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with torch.cuda.graph(graph, pool=self._pool, stream=stream):  # None: PyTorch's own capture stream
             out_tokens, out_logits = self.eager(self._view(rows), greedy)
         self._pool = graph.pool()
         self._graphs[(rows, greedy)] = (graph, out_tokens, out_logits)
