@@ -1,10 +1,10 @@
 """Why a process's first decode cell reads slower than its next ones (issue 7): a probe for one device call.
 
-The same best-known qwen3-30b-a3b step has read 2.438 ms in a process's first cell and 2.387 in its second
-(`bench/results/best-b1-b653fc4/`), and 2.444 through the CLI, a process each; six more timings of the same captured
-step read the same, so it is a state of the cell, not a transient. The attention's kernels carry it (the split kernel
-199 against 132 us a step on the critical path). Each cell builds the candidate again (its KV cache, allocated at the
-build) and captures its graphs (their buffers in a private pool): a guess is where those first allocations land.
+The same best-known qwen3-30b-a3b step read 2.438-2.448 ms in a process's first cell and 2.387-2.396 in its next ones,
+and 2.444 through the CLI, a process each; more timings of the same captured step read the same, so it was a state of
+the cell, not a transient, carried by the attention's kernels (the split kernel 200 against 131 us a step on the
+critical path). This probe found it in the graphs, not the memory (`bench/README.md`, "The first cell of a process"):
+since e250d04 the engine captures a process's first graphs twice, and the first cell reads as the next ones.
 
 This process loads the model once and times `--cells` cells of a candidate one after another, each profiled (the
 attention kernels' microseconds a step printed, the split kernel's addresses in the record). What may set the first

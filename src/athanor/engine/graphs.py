@@ -181,7 +181,8 @@ class DecodeRunner:
             # on a stream of its own: cuBLAS keeps a workspace per stream, allocated at its first call there, inside
             # the capture's memory pool; on the stream the kept graphs are captured on, that workspace would lie in
             # this dropped pool, and the engine's clearing of cuBLAS workspaces would then unmap memory those graphs
-            # write (an illegal address in the evaluator's runs).
+            # write (captured on one stream, the evaluator's worker died of a CUDA error in its first trajectory run;
+            # `bench/results/first-capture-e8191be/`).
             self._capture_buckets(stream=_throwaway_stream(device))
             self._graphs.clear()
             self._pool = None

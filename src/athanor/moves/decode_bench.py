@@ -128,8 +128,8 @@ def bench_decode(model_name: str, batch: int, context: int, candidate: str = "re
     """Time one (model, batch, context, candidate) cell; returns its JSON-ready record.
 
     `windows`: after the timing, time the same captured step `windows` times more, each as long, into `window_ms`:
-    whether the figure is the step's steady state or a transient after the capture (the first cell of a process has
-    read ~2-4% slower than the next ones).
+    whether the figure is the step's steady state or a transient after the capture (a process's first cell read 2%
+    slower than its next ones, steadily, until the engine captured a process's first graphs twice).
 
     `kernels`: also profile the timed step (torch.profiler, CUDA) into `kernels` (each kernel's
     calls and microseconds per step), `kernel_us_per_step` and `gap_us_per_step` (the step time
