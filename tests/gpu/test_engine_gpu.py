@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -83,6 +84,36 @@ def test_first_capture_of_a_process_is_made_twice(monkeypatch: pytest.MonkeyPatc
         assert len(runner._graphs) == 2 * len(buckets)
         tokens, _, used = runner.step(_rows(2, 4, device), greedy=True)
         assert used and tokens.shape == (2,)
+
+
+def test_swapped_graphs_replay_after_the_old_candidate_is_dropped(tmp_path: Path) -> None:
+    """Written for the next device call, not run yet (see the twenty-fifth session's note). A swap captures the new
+    candidate while the old one is resident, then drops the old one and clears cuBLAS's workspaces (`Engine._cleanup`).
+    cuBLAS allocates its workspace for a stream at its first call there, inside the capturing graph's memory pool: if
+    the new graphs reused a workspace in the old candidate's pool, replaying them after the drop would write to freed
+    memory. The reference's GEMMs at llama-3.2-1b's shapes and 8 rows (skinny: split-K, a workspace) in graphs, after
+    two swaps, must run and match the eager step."""
+    from athanor.engine import protocol as p
+    from athanor.engine.core import Engine
+
+    device = torch.device("cuda")
+    model = random_model(get_preset("llama-3.2-1b"), seed=0, device=device, dtype=torch.bfloat16)
+    config = EngineConfig(model="llama-3.2-1b", device="cuda", dtype="bfloat16", max_seqs=8, max_seq_len=256,
+                          buckets=(8,), scratch_dir=str(tmp_path))
+    engine = Engine(config, model)
+    source = baseline_candidate().source
+    for k in range(3):  # A; B replacing A; C replacing B
+        reply = engine.swap(p.SwapRequest(Candidate.from_source(source + f"\n# swap {k}\n")))
+        assert reply.status == "ok" and reply.graph_safe, reply.error
+    runner = engine.residents[reply.candidate_id].runner
+    x = _rows(8, 16, device)
+    _, logits, used = runner.step(x, greedy=True)
+    torch.cuda.synchronize()
+    _, eager_logits = runner.eager(x, greedy=True)
+    assert used and torch.allclose(logits.float(), eager_logits.float(), atol=5e-2)
+    for cid in list(engine.residents):
+        engine._release(engine.residents.pop(cid))
+    engine._cleanup()
 
 
 @pytest.fixture(scope="module")
