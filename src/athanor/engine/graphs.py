@@ -8,7 +8,8 @@ replayed. On CPU, or for a candidate that is not graph-safe, the same step runs 
 Each bucket has two graphs: decode + `sample` (temperature, top-p: a softmax and a sort over the
 vocabulary, ~0.14 ms a step on an H200 with a 128k vocabulary) and decode + argmax, which a step
 whose every row is greedy replays instead (the caller knows its rows' temperatures on the host).
-Both are captured up front, into one memory pool (never in the middle of a run).
+Both are captured up front, into one memory pool (never in the middle of a run). A process's first graphs on a
+device are captured, dropped and captured again: first graphs replay slower under PDL (`DecodeRunner.capture`).
 """
 
 from __future__ import annotations
