@@ -18,8 +18,9 @@ cells() {  # MODEL CANDIDATE "BATCH:CONTEXT ..." -> MODEL:CANDIDATE:B:C,...
 }
 grid="1:1024 8:1024 32:1024 128:1024 1:8192 8:8192 32:8192 128:8192 1:32768 8:32768 32:32768 128:32768"
 run() {  # run TIMEOUT BUDGET CELLS
+  # the table of the cells so far (not the per-cell progress lines), each cell's figure, fit or error
   timeout "$1" python3 bench/decode_matrix.py --budget "$2" --routing "$routing" --cells "$3" 2>&1 \
-    | grep -E "ms +[0-9.]+% roofline|does not fit|skipped|error|Error" | tail -40
+    | grep -vE "^decode_" | grep -E " ms|does not fit|skipped|rror" | tail -40
 }
 case "${CALL:-1}" in
   1) run 150 110 "$(cells llama-3.2-1b best "$grid"),$(cells llama-3.2-1b reference "$grid")"
