@@ -170,6 +170,8 @@ def table(out: Path) -> str:
                 if share else f"{r['ms_per_token']:9.3f} ms"
         elif r.get("status") == "does_not_fit":
             what = f"does not fit: KV {r['kv_cache_bytes'] / 2**30:.1f} GiB, free {r['free_bytes_before'] / 2**30:.1f} GiB"
+            if "working memory" in r.get("error", ""):
+                what += ", out of memory in the step"
         else:
             what = f"{r.get('status')}: {str(r.get('error', ''))[:80]}"
         rows.append(f"{r['model']:15s} {label:18s} b={r['batch']:<4d} ctx={r['context']:<6d} {what}")

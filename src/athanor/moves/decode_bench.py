@@ -135,7 +135,8 @@ def bench_decode(model_name: str, batch: int, context: int, candidate: str = "re
     calls and microseconds per step), `kernel_us_per_step` and `gap_us_per_step` (the step time
     that no kernel occupies: launch gaps and host waits).
 
-    A cell whose KV cache does not fit next to the weights is returned with `status: "does_not_fit"`.
+    A cell whose KV cache does not fit next to the weights, or whose step runs out of memory beside it, is returned
+    with `status: "does_not_fit"`.
     `model` may be passed to reuse loaded weights (already routed for MoE: then `profile` is the
     RoutingProfile it replays, which the record cites) across cells.
     """
@@ -188,8 +189,12 @@ def bench_decode(model_name: str, batch: int, context: int, candidate: str = "re
         reply = engine.swap(p.SwapRequest(Candidate.from_source(source, description=label)))
         record["swap_s"] = time.perf_counter() - t
         if reply.status != "ok":
-            record["status"] = "error"
-            record["error"] = reply.error[-2000:]
+            # A step whose own working memory does not fit beside the KV cache (the reference gathers each layer's
+            # whole cache for the batch: 4 GiB a tensor for the 1B at batch 128, context 32k) does not fit either.
+            oom = "OutOfMemoryError" in reply.error
+            record["status"] = "does_not_fit" if oom else "error"
+            record["error"] = (f"the step's working memory beside the KV cache ({kv / 2**30:.1f} GiB): "
+                               if oom else "") + reply.error[-2000:]
             return record
         record["swap"] = dataclasses.asdict(dataclasses.replace(reply, error=""))
         runner = engine.residents[reply.candidate_id].runner

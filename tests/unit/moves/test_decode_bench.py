@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from athanor.errors import ConfigError
 from athanor.model.presets import get_preset
 from athanor.model.random_init import random_model
-from athanor.moves.decode_bench import bench_decode
+from athanor.moves.decode_bench import bench_decode, candidate_source
 
 
 def test_a_cell_times_the_captured_step_and_its_windows_after_it() -> None:
@@ -20,3 +22,19 @@ def test_a_cell_times_the_captured_step_and_its_windows_after_it() -> None:
                                            min_time_s=0.0, model=model)
     with pytest.raises(ConfigError, match="--batch and --context"):
         bench_decode("tiny-dense", 0, 8, device="cpu", dtype="float32", model=model)
+
+
+@pytest.mark.parametrize("raised, status", [("torch.OutOfMemoryError('CUDA out of memory')", "does_not_fit"),
+                                            ("ValueError('a bug')", "error")])
+def test_a_step_out_of_memory_beside_the_kv_cache_does_not_fit(tmp_path: Path, raised: str, status: str) -> None:
+    # The 1B reference at batch 128, context 32k: its KV cache fits, its gather of each layer's cache does not.
+    model = random_model(get_preset("tiny-dense"), seed=1)
+    source, _ = candidate_source("reference", model.spec, False, "cpu")
+    marker = "    def decode(self, batch: DecodeBatch) -> Tensor:\n"
+    assert marker in source
+    path = tmp_path / "candidate.py"
+    path.write_text(source.replace(marker, marker + f"        raise {raised}\n"))
+    record = bench_decode("tiny-dense", 2, 16, candidate=str(path), device="cpu", dtype="float32", iters=2,
+                          min_time_s=0.0, model=model)
+    assert record["status"] == status and "ms_per_token" not in record
+    assert ("working memory beside the KV cache" in record["error"]) == (status == "does_not_fit")
