@@ -8,6 +8,7 @@
 #   CALL=2: qwen3-30b-a3b best (12 cells), then its reference at batch 1 and 8
 #   CALL=3: the reference under torch.compile, llama-3.2-1b (4 cells) and llama-3.1-8b at batch 1 (2)
 #   CALL=4: the same, llama-3.1-8b at batch 32 and qwen3-30b-a3b at batch 1 (2 each)
+#   CALL=5: qwen3-30b-a3b's reference at batch 32 and 128 (6 cells), and under torch.compile at batch 32 (2)
 #   ATHANOR_COMMIT=<hash> CALL=1 bash bench/gpu_matrix.sh
 source "$(dirname "$0")/_gpu_env.sh"
 log_clocks
@@ -30,7 +31,8 @@ case "${CALL:-1}" in
      run 210 150 "$(cells llama-3.1-8b reference+compile "1:1024 1:32768")" ;;
   4) run 210 150 "$(cells llama-3.1-8b reference+compile "32:1024 32:32768")"
      run 230 170 "$(cells qwen3-30b-a3b reference+compile "1:1024 1:32768")" ;;
-  *) echo "CALL must be 1, 2, 3 or 4" >&2; exit 2 ;;
+  5) run 400 300 "$(cells qwen3-30b-a3b reference "32:1024 128:1024 32:8192 128:8192 32:32768 128:32768"),$(cells qwen3-30b-a3b reference+compile "32:1024 32:32768")" ;;
+  *) echo "CALL must be 1 to 5" >&2; exit 2 ;;
 esac
 python3 - "$OUT" "${CALL:-1}" <<'PY'
 import json, pathlib, sys
