@@ -10,6 +10,9 @@ recorded with its error and the others continue. Usage:
     python bench/decode_matrix.py --part 0               # one part (writes JSON under $OUT)
     python bench/decode_matrix.py --part all             # every part, one after another
     python bench/decode_matrix.py --table                # the table of every JSON under $OUT
+    python bench/decode_matrix.py --merge A.json B.json ... --into M.json --markdown
+                                                         # calls' cells in one file (a later cell replaces an
+                                                         # earlier one of the same key), and its grid in Markdown
     python bench/decode_matrix.py --cells llama-3.2-1b:best:1:1024,llama-3.2-1b:reference+compile:1:1024
                                                          # ad-hoc cells (MODEL:CANDIDATE[+compile]:BATCH:CONTEXT)
 
@@ -178,6 +181,52 @@ def table(out: Path) -> str:
     return "\n".join(rows)
 
 
+def _key(r: dict[str, Any]) -> tuple[str, str, bool, int, int]:
+    return r["model"], r["candidate"], bool(r.get("compile")), r["batch"], r["context"]
+
+
+def merge(paths: list[Path]) -> list[dict[str, Any]]:
+    """The cells of several calls' JSON lists (or single-cell records) in one list; a later cell replaces an
+    earlier one with the same (model, candidate, compile, batch, context): a cell re-run after a fix."""
+    cells: dict[tuple[str, str, bool, int, int], dict[str, Any]] = {}
+    for path in paths:
+        data = json.loads(path.read_text())
+        for r in data if isinstance(data, list) else [data]:
+            cells[_key(r)] = r
+    return list(cells.values())
+
+
+def markdown(cells: list[dict[str, Any]]) -> str:
+    """The matrix as bench/README.md shows it: a row per (model, candidate, context), a column per batch, each
+    cell "ms/token (share of roofline)" or why there is none."""
+    by_key = {_key(r): r for r in cells}
+
+    def fmt(r: dict[str, Any] | None) -> str:
+        if r is None:
+            return ""
+        if r["status"] == "ok":
+            return f"{r['ms_per_token']:.3f} ({100 * r['roofline_share']:.0f}%)"
+        if r["status"] == "does_not_fit":
+            return "out of memory in its step" if "working memory" in r.get("error", "") else "does not fit"
+        return str(r["status"])
+
+    weights: dict[str, int] = {}
+    for r in cells:  # the smallest model first
+        weights[r["model"]] = max(weights.get(r["model"], 0), r.get("weight_bytes", 0))
+    models = sorted(weights, key=lambda m: weights[m])
+    batches = sorted({r["batch"] for r in cells})
+    lines = ["| model, candidate | context | " + " | ".join(f"batch {b}" for b in batches) + " |",
+             "|---|---|" + "---|" * len(batches)]
+    for model in models:
+        for candidate, compiled in (("best", False), ("reference", False), ("reference", True)):
+            for context in sorted({r["context"] for r in cells}):
+                row = [by_key.get((model, candidate, compiled, b, context)) for b in batches]
+                if any(row):
+                    label = f"{model} {candidate}{' + torch.compile' if compiled else ''}"
+                    lines.append(f"| {label} | {context // 1024}k | " + " | ".join(fmt(r) for r in row) + " |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--part", default=None, help="part index, or 'all'")
@@ -188,7 +237,22 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=PART_BUDGET_S, help="--cells: start no cell after this "
                                                                             "many seconds")
     parser.add_argument("--kernels", action="store_true", help="--cells: also profile each cell's step per kernel")
+    parser.add_argument("--merge", nargs="+", type=Path, default=[], help="calls' JSON files to merge (with --into)")
+    parser.add_argument("--into", type=Path, default=None, help="--merge: the merged file")
+    parser.add_argument("--markdown", action="store_true", help="--merge: print the merged grid in Markdown")
     args = parser.parse_args()
+    if args.merge:
+        missing = [str(p) for p in args.merge if not p.is_file()]
+        if missing or args.into is None:
+            print(f"--merge: no such file: {', '.join(missing)}" if missing else "--merge needs --into FILE",
+                  file=sys.stderr)
+            return 2
+        cells = merge(args.merge)
+        args.into.write_text(json.dumps(cells, indent=1) + "\n")
+        print(f"{len(cells)} cells -> {args.into}")
+        if args.markdown:
+            print(markdown(cells))
+        return 0
     out = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
     out.mkdir(parents=True, exist_ok=True)
     if args.list:
