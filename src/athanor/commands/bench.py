@@ -79,7 +79,9 @@ def cmd_decode(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
     if record["status"] != "ok":
-        print(f"{args.model} b={args.batch} ctx={args.context}: {record['status']}: {record.get('error', '')}")
+        # the error's last line (a candidate's traceback ends with its exception); the whole of it is in the JSON
+        why = (str(record.get("error", "")).strip().splitlines() or [""])[-1]
+        print(f"{args.model} b={args.batch} ctx={args.context}: {record['status']}: {why} (the record: {out})")
         return 1
     share = record.get("roofline_share")
     print(f"{args.model} b={args.batch} ctx={args.context} {record['candidate_label']}: "

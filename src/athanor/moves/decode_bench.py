@@ -193,8 +193,11 @@ def bench_decode(model_name: str, batch: int, context: int, candidate: str = "re
             # whole cache for the batch: 4 GiB a tensor for the 1B at batch 128, context 32k) does not fit either.
             oom = "OutOfMemoryError" in reply.error
             record["status"] = "does_not_fit" if oom else "error"
-            record["error"] = (f"the step's working memory beside the KV cache ({kv / 2**30:.1f} GiB): "
-                               if oom else "") + reply.error[-2000:]
+            record["error"] = reply.error[-2000:]
+            if oom:
+                last = reply.error.strip().splitlines()[-1]
+                record["error"] = f"the step's working memory beside the KV cache ({kv / 2**30:.1f} GiB): {last}"
+                record["traceback"] = reply.error[-2000:]
             return record
         record["swap"] = dataclasses.asdict(dataclasses.replace(reply, error=""))
         runner = engine.residents[reply.candidate_id].runner
