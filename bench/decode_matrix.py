@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from athanor.moves.decode_bench import out_of_memory_in_step
+
 BATCHES = (1, 8, 32, 128)
 CONTEXTS = (1024, 8192, 32768)
 COMPILE_BATCHES = (1, 32)
@@ -173,7 +175,7 @@ def table(out: Path) -> str:
                 if share else f"{r['ms_per_token']:9.3f} ms"
         elif r.get("status") == "does_not_fit":
             what = f"does not fit: KV {r['kv_cache_bytes'] / 2**30:.1f} GiB, free {r['free_bytes_before'] / 2**30:.1f} GiB"
-            if "working memory" in r.get("error", ""):
+            if out_of_memory_in_step(r):
                 what += ", out of memory in the step"
         else:
             what = f"{r.get('status')}: {str(r.get('error', ''))[:80]}"
@@ -181,14 +183,14 @@ def table(out: Path) -> str:
     return "\n".join(rows)
 
 
-def _key(r: dict[str, Any]) -> tuple[str, str, bool, int, int]:
+def _key(r: dict[str, Any]) -> Cell:
     return r["model"], r["candidate"], bool(r.get("compile")), r["batch"], r["context"]
 
 
 def merge(paths: list[Path]) -> list[dict[str, Any]]:
     """The cells of several calls' JSON lists (or single-cell records) in one list; a later cell replaces an
     earlier one with the same (model, candidate, compile, batch, context): a cell re-run after a fix."""
-    cells: dict[tuple[str, str, bool, int, int], dict[str, Any]] = {}
+    cells: dict[Cell, dict[str, Any]] = {}
     for path in paths:
         data = json.loads(path.read_text())
         for r in data if isinstance(data, list) else [data]:
@@ -207,7 +209,7 @@ def markdown(cells: list[dict[str, Any]]) -> str:
         if r["status"] == "ok":
             return f"{r['ms_per_token']:.3f} ({100 * r['roofline_share']:.0f}%)"
         if r["status"] == "does_not_fit":
-            return "out of memory in its step" if "working memory" in r.get("error", "") else "does not fit"
+            return "out of memory in its step" if out_of_memory_in_step(r) else "does not fit"
         return str(r["status"])
 
     weights: dict[str, int] = {}

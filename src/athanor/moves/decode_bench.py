@@ -121,6 +121,15 @@ def replay_routing(model: Model, profile_path: str | None, max_batch: int) -> tu
     return apply_router_bias(model, biases, profile.source), profile
 
 
+STEP_OUT_OF_MEMORY = "the step's working memory beside the KV cache"
+"""How a `does_not_fit` record's error begins when the KV cache fit but the step ran out of memory beside it."""
+
+
+def out_of_memory_in_step(record: dict[str, Any]) -> bool:
+    """Whether a `does_not_fit` record is a step out of memory beside a KV cache that fit (not the cache itself)."""
+    return str(record.get("error", "")).startswith(STEP_OUT_OF_MEMORY)
+
+
 def bench_decode(model_name: str, batch: int, context: int, candidate: str = "reference", use_compile: bool = False,
                  device: str = "cuda", dtype: str = "bfloat16", iters: int = 50, min_time_s: float = 1.0,
                  routing: str | None = None, model: Model | None = None, profile: RoutingProfile | None = None,
@@ -191,13 +200,12 @@ def bench_decode(model_name: str, batch: int, context: int, candidate: str = "re
         if reply.status != "ok":
             # A step whose own working memory does not fit beside the KV cache (the reference gathers each layer's
             # whole cache for the batch: 4 GiB a tensor for the 1B at batch 128, context 32k) does not fit either.
-            oom = "OutOfMemoryError" in reply.error
-            record["status"] = "does_not_fit" if oom else "error"
-            record["error"] = reply.error[-2000:]
-            if oom:
+            if "OutOfMemoryError" in reply.error:
                 last = reply.error.strip().splitlines()[-1]
-                record["error"] = f"the step's working memory beside the KV cache ({kv / 2**30:.1f} GiB): {last}"
-                record["traceback"] = reply.error[-2000:]
+                record.update(status="does_not_fit", error=f"{STEP_OUT_OF_MEMORY} ({kv / 2**30:.1f} GiB): {last}",
+                              traceback=reply.error[-2000:])
+            else:
+                record.update(status="error", error=reply.error[-2000:])
             return record
         record["swap"] = dataclasses.asdict(dataclasses.replace(reply, error=""))
         runner = engine.residents[reply.candidate_id].runner
