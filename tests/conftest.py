@@ -49,8 +49,8 @@ def write_slow_candidate():
     running every step twice (the second run rewrites the same KV entries and returns the same
     logits); it returns the Candidate."""
     from athanor.engine.candidate import Candidate, baseline_candidate
+    from athanor.engine.candidate_dir import write_candidate_dir
     from athanor.evaluate.static_checks import check_source
-    from athanor.serve.candidates import write_candidate_dir
 
     def write(directory: Path) -> Candidate:
         source = baseline_candidate().source

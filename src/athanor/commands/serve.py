@@ -84,9 +84,9 @@ def _read_token(path: str) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from athanor.engine.candidate_dir import load_candidate_dir
     from athanor.errors import ConfigError
     from athanor.serve.app import ServeOptions, run_server
-    from athanor.serve.candidates import load_candidate_dir
     from athanor.serve.config import SchedulerConfig
 
     if args.max_seqs < 1 or args.max_seq_len < 2:

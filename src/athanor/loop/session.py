@@ -26,13 +26,13 @@ from athanor.agents.budget import BudgetAllocator
 from athanor.agents.registry import make_agents, register_agent
 from athanor.agents.variant import VariantConfig, VariantSearch
 from athanor.engine.candidate import Candidate, baseline_candidate
+from athanor.engine.candidate_dir import load_candidate_dir
 from athanor.errors import ConfigError
 from athanor.evaluate import Evaluator, QualityBudget, Verdict
 from athanor.evaluate.timing import worth_confirming
 from athanor.loop.config import MAX_RESERVE_SHARE, CompileConfig
 from athanor.loop.report import write_report
 from athanor.loop.reserve import measured_reserve, record_confirmation
-from athanor.serve.candidates import load_candidate_dir
 from athanor.store import EvaluationRecord, Store, open_store
 from athanor.traffic import TrafficProfile, load_profile
 

@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from athanor.engine.candidate_dir import load_candidate_dir
 from athanor.errors import ConfigError
 from athanor.serve.api import APIError
-from athanor.serve.candidates import load_candidate_dir
 from athanor.serve.messages import DeploymentState
 
 log = logging.getLogger(__name__)

@@ -23,12 +23,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
+from athanor.engine.candidate_dir import load_candidate_dir
 from athanor.engine.config import EngineConfig, SandboxConfig
 from athanor.errors import AthanorError
 from athanor.serve import api
 from athanor.serve.admin import DeploymentBook, DeploymentRecorder, check_token, current_candidate
 from athanor.serve.api import APIError
-from athanor.serve.candidates import load_candidate_dir
 from athanor.serve.config import CanaryConfig, SchedulerConfig, WorkerConfig
 from athanor.serve.frontend import WorkerHandle
 from athanor.serve.generation import Generation, GenerationParams

@@ -293,8 +293,8 @@ class ServingLoop:
 def run_worker(config: WorkerConfig) -> int:
     from athanor.engine import protocol as p
     from athanor.engine.candidate import baseline_candidate
+    from athanor.engine.candidate_dir import load_candidate_dir
     from athanor.engine.worker import _watch_parent, boot
-    from athanor.serve.candidates import load_candidate_dir
 
     engine = boot(config.engine)
     import zmq

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from athanor.engine.candidate import Candidate, reference_source
-from athanor.serve.candidates import write_candidate_dir
+from athanor.engine.candidate_dir import write_candidate_dir
 from athanor.serve.launch import ServerProcess
 
 MODEL = "smollm2-135m"

@@ -1,5 +1,8 @@
 """A deployable candidate directory: `candidate.py` plus `manifest.json` (DESIGN.md, "Data at rest").
 
+The compile loop writes its winner as one and the server loads one to serve or deploy; the format
+lives beside `Candidate`, which both already depend on, so neither reaches into the other.
+
 `manifest.json` holds the fields of `CandidateManifest` (content_hash, parent, author, description);
 other keys (verification and benchmark records) are kept by whoever wrote them and ignored here.
 """
