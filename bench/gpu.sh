@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Run a named benchmark set on a GPU machine, one device call each.
+#
+#   bench/gpu.sh table           every H200 row of bench/README.md's table (about 7 minutes on one H200)
+#   bench/gpu.sh matrix          the decode grid: three models x best, reference x batch 1-128 x context 1k-32k
+#   bench/gpu.sh tests [ARGS]    the GPU tests (default: all of tests/gpu; ARGS are pytest's, e.g. one file)
+#
+# It installs the wheels the GPU image lacks (`make gpu-wheels` gathers them into .whl/; carry .whl), puts this
+# tree's src/ first on the path, and writes one JSON record per command under $OUT (default bench/results), named
+# as bench/README.md's table cites them. Carry .routing/ too: qwen3-30b-a3b replays the expert routing recorded
+# there (bench/README.md, "Routing"). Where the tree travels without its .git, ATHANOR_COMMIT=<hash> names the
+# commit in the records; nothing else needs setting.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+set_name=${1:-}
+[ $# -gt 0 ] && shift
+case "$set_name" in
+  table|matrix|tests) ;;
+  *) echo "usage: bench/gpu.sh table|matrix|tests [pytest args]  (the sets are listed at the top of bench/gpu.sh)" >&2
+     exit 2 ;;
+esac
+
+OUT=${OUT:-bench/results}
+mkdir -p "$OUT"
+site=/tmp/athanor-site
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl
+else
+  echo "no wheels in .whl/: using the packages installed here (an image without them: make gpu-wheels, carry .whl)"
+fi
+# The device reaches no index: pip fails at once instead of retrying.
+export PYTHONPATH=$PWD/src:$site PYTHONUNBUFFERED=1 PIP_NO_INDEX=1
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+tag=$(echo "${gpu##* }" | tr '[:upper:]' '[:lower:]')  # "NVIDIA H200" -> h200
+echo "$gpu; records under $OUT"
+
+routing=.routing/qwen3-30b-a3b_gsm8k_en.json
+qwen3_routing=(--routing "$routing")
+if [ ! -f "$routing" ]; then
+  echo "no $routing: qwen3-30b-a3b runs on the default routing profile, not the table's (bench/README.md, Routing)"
+  qwen3_routing=()
+fi
+
+failed=()
+start=$SECONDS
+step() {  # step SECONDS ARGS...: one athanor command under a time limit; its summary lines and its wall time
+  local limit=$1 t0=$SECONDS
+  shift
+  echo "--- athanor $*"
+  timeout "$limit" python3 -m athanor "$@"
+  local rc=$?
+  [ $rc -eq 0 ] || failed+=("athanor $* (exit $rc)")
+  echo "    ($((SECONDS - t0)) s)"
+}
+decode() {  # decode MODEL CANDIDATE NAME ARGS...: one grid of decode cells into $OUT/decode_MODEL_NAME_TAG.json
+  local model=$1 candidate=$2 name=$3
+  shift 3
+  local extra=()
+  [ "$model" = qwen3-30b-a3b ] && extra=("${qwen3_routing[@]}")
+  step 300 bench decode --model "$model" --candidate "$candidate" --device cuda --dtype bfloat16 "${extra[@]}" \
+    "$@" --json "$OUT/decode_${model}_${name}_$tag.json"
+}
+
+case "$set_name" in
+  table)
+    for model in llama-3.2-1b llama-3.1-8b qwen3-30b-a3b; do
+      decode "$model" best best --batch 1,32 --context 1024,32768
+      decode "$model" reference reference --batch 1 --context 1024
+    done
+    for model in llama-3.2-1b llama-3.1-8b; do
+      decode "$model" reference reference_compile --compile --batch 1 --context 1024
+    done
+    # The engine cold-starts from files, as it would from a downloaded model.
+    step 120 save-random llama-3.1-8b /tmp/llama-3.1-8b --device cuda --dtype bfloat16
+    step 180 bench swap --model /tmp/llama-3.1-8b --device cuda --dtype bfloat16 \
+      --json "$OUT/swap_llama-3.1-8b_$tag.json"
+    step 240 bench evaluate --model llama-3.2-1b --device cuda --runs 3 --json "$OUT/evaluate_llama-3.2-1b_$tag.json"
+    ;;
+  matrix)
+    for model in llama-3.2-1b llama-3.1-8b qwen3-30b-a3b; do
+      for candidate in best reference; do
+        decode "$model" "$candidate" "${candidate}_matrix" --batch 1,8,32,128 --context 1024,8192,32768
+      done
+    done
+    ;;
+  tests)
+    [ $# -gt 0 ] || set -- tests/gpu
+    echo "--- pytest -m gpu $*"
+    python3 -m pytest -q -m gpu -p no:cacheprovider "$@" 2>&1 | tee "$OUT/gpu_tests.log" | tail -30
+    rc=${PIPESTATUS[0]}
+    [ "$rc" -eq 0 ] || failed+=("pytest $* (exit $rc)")
+    ;;
+esac
+
+echo "=== bench/gpu.sh $set_name: $((SECONDS - start)) s, ${#failed[@]} failed"
+for f in "${failed[@]}"; do echo "FAILED: $f"; done
+[ ${#failed[@]} -eq 0 ]
