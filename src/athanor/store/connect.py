@@ -1,5 +1,5 @@
 """Opening the database: SQLite (WAL, busy timeout, write transactions that lock up front) or
-PostgreSQL (psycopg 3), and retrying a write transaction that lost a lock race.
+PostgreSQL (psycopg 3, the `postgres` extra), and retrying a write transaction that lost a lock race.
 
 SQLite allows one writer at a time. A deferred transaction that reads and then writes can fail
 at once with "database is locked" when another connection wrote in between, whatever the busy
@@ -62,6 +62,12 @@ def create_engine(url: str) -> sa.Engine:
         engine = sa.create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S, "check_same_thread": False})
         _configure_sqlite(engine)
         return engine
+    try:
+        import psycopg  # noqa: F401
+    except ModuleNotFoundError:
+        where = sa.make_url(url).render_as_string(hide_password=True)
+        raise ConfigError(f"store {where}: a PostgreSQL store needs the postgres extra: "
+                          "pip install 'athanor[postgres]'") from None
     return sa.create_engine(url, pool_pre_ping=True)
 
 

@@ -1,4 +1,4 @@
-"""Pictures of a trace: length distributions and request rate over time (matplotlib, Agg)."""
+"""Pictures of a trace: length distributions and request rate over time (matplotlib, Agg; the `plot` extra)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ from athanor.traffic.profile import profile_trace
 
 def plot_trace(path: str | Path, output: str | Path, format: str | None = None, skip_bad: bool = False) -> Path:
     """Write a PNG with input/output length histograms and request rate per minute."""
-    import matplotlib
-
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        raise ConfigError("athanor traffic plot needs the plot extra: pip install 'athanor[plot]'") from None
     matplotlib.use("Agg")  # no display on servers
     import matplotlib.pyplot as plt
 
