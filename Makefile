@@ -46,9 +46,14 @@ test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest tests/unit -q -m timing $(PYTEST_ARGS) || { s=$$?; [ $$s -eq 5 ] || status=$$s; }; \
 	exit $$status
 
+# ruff, mypy, and the history check (no commit name or bench/results path in src/); all three run, any
+# failing fails.
 lint: $(VENV)/.installed-test
-	$(BIN)/ruff check src tests bench
-	$(BIN)/mypy
+	@status=0; \
+	$(BIN)/ruff check src tests bench || status=1; \
+	$(BIN)/mypy || status=1; \
+	$(BIN)/python scripts/check_history.py src || status=1; \
+	exit $$status
 
 # --- the lent GPU machine (Python 3.12, torch 2.11, Triton 3.6, no network) ----------------------
 # Here: gather the wheels that image lacks into .whl/ (git-ignored; pass it in the device call's carry).
