@@ -27,7 +27,7 @@ from athanor.engine.config import EngineConfig
 from athanor.engine.graphs import DecodeRunner, StepInputs, check_logits
 from athanor.engine.isolation import ModuleGuard
 from athanor.engine.requests import BadRequest, validate_decode, validate_prefill
-from athanor.engine.watch import ViolationWatch
+from athanor.engine.violations import ViolationWatch
 from athanor.errors import CandidateError
 from athanor.model import BuildContext, Forward, Model, PrefillBatch
 from athanor.model.sampling import sample

@@ -6,7 +6,7 @@ import os
 import shutil
 from pathlib import Path
 
-from athanor.engine.watch import ViolationWatch
+from athanor.engine.violations import ViolationWatch
 
 
 def test_removing_a_tree_inside_the_scratch_dir_is_allowed(tmp_path: Path) -> None:
