@@ -115,14 +115,13 @@ class Watcher:
         self.budget_s = parse_window(options.budget)
         self.state = WatchState.load(self.state_path)
         reference = TrafficProfile.from_dict(self.state.reference) if self.state.reference else None
-        self.monitor = DriftMonitor(reference=reference, persistence=options.persistence)
-        self.monitor._streak = self.state.streak
-        self.monitor.num_recompiles = self.state.recompiles
+        self.monitor = DriftMonitor(reference=reference, persistence=options.persistence,
+                                    num_recompiles=self.state.recompiles, streak=self.state.streak)
 
     def _save(self) -> None:
         s = self.state
         s.reference = self.monitor.reference.to_dict() if self.monitor.reference is not None else None
-        s.streak = self.monitor._streak
+        s.streak = self.monitor.streak
         s.recompiles = self.monitor.num_recompiles
         s.save(self.state_path)
 

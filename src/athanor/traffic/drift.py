@@ -189,7 +189,8 @@ class DriftMonitor:
     persistence: int = 2
     """Consecutive windows a recompile-worthy change must last before a recompile is warranted."""
     num_recompiles: int = 0
-    _streak: int = 0
+    streak: int = 0
+    """Consecutive windows so far with a recompile-worthy change (a caller that restarts restores it)."""
 
     def observe(self, window: TrafficProfile) -> DriftReport | None:
         """Judge one window; the first window seen becomes the reference (returns None)."""
@@ -197,13 +198,13 @@ class DriftMonitor:
             self.reference = window
             return None
         report = compare_profiles(self.reference, window, self.thresholds)
-        self._streak = self._streak + 1 if report.recompile else 0
-        if self._streak < self.persistence:
+        self.streak = self.streak + 1 if report.recompile else 0
+        if self.streak < self.persistence:
             if report.recompile:
                 report = replace(report, recompile=False,
-                                 note=f"recompile-worthy change in {self._streak} of {self.persistence} windows")
+                                 note=f"recompile-worthy change in {self.streak} of {self.persistence} windows")
             return report
-        self._streak = 0
+        self.streak = 0
         self.num_recompiles += 1
         log.info("drift warrants a recompile: %s", ", ".join(report.moved()))
         if self.reset_on_recompile:
