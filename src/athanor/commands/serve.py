@@ -125,7 +125,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    from athanor.serve.watch import WatchOptions, watch
+    from athanor.loop.watch import WatchOptions, watch
 
     logging.getLogger("athanor").setLevel(logging.INFO)
     options = WatchOptions(model=args.model, log=args.log, server=args.server,

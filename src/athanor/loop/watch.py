@@ -28,6 +28,8 @@ import httpx
 import numpy as np
 
 from athanor.errors import ConfigError
+from athanor.loop.config import CompileConfig
+from athanor.loop.session import compile_session
 from athanor.traffic import DriftMonitor, RequestChunk, TrafficProfile, profile_chunks
 from athanor.traffic.profile import DEFAULT_TPOT_S, parse_window
 
@@ -228,8 +230,6 @@ def compile_winner(model: str, traffic: Path, budget_s: float, device: str, out:
                    incumbent: Path | None = None) -> Path | None:
     """Run one compile session for `traffic`, timed against `incumbent` (a candidate directory; None: the
     reference forward); the deployable winner directory, or None when nothing was confirmed faster."""
-    from athanor.loop import CompileConfig, compile_session
-
     compile_session(CompileConfig(model=model, traffic=str(traffic), budget_s=budget_s, device=device, out_dir=out,
                                   incumbent=incumbent))
     winner = out / "winner"
