@@ -86,7 +86,7 @@ class Engine:
         status: p.Status = "ok"
         error = ""
         try:
-            with self._armed():
+            with self.armed():
                 module = import_candidate(cand, self.scratch_root / cand.id, self._serial)
                 resident = self._build(cand, module, times)
         except Exception as e:  # the candidate is data: any failure keeps the incumbent
@@ -197,7 +197,8 @@ class Engine:
         if self.guard is not None:
             self.guard.restore()
 
-    def _armed(self) -> AbstractContextManager[None]:
+    def armed(self) -> AbstractContextManager[None]:
+        """The context candidate code runs in: the violation watch (once sealed) records what it attempts."""
         return self.watch.armed() if self.watch else nullcontext()
 
     def _resident(self, cid: str | None) -> Resident:
@@ -227,7 +228,7 @@ class Engine:
             return p.RunReply(status="invalid", error=str(e))
         t = time.perf_counter()
         try:
-            with self._armed():
+            with self.armed():
                 tokens, logits, used_graph = self._step(resident, req.kind, x)
                 self._sync()
         except Exception as e:
@@ -255,7 +256,7 @@ class Engine:
             return p.GenerateReply(status="invalid", error=str(e))
         t = time.perf_counter()
         try:
-            with self._armed():
+            with self.armed():
                 out = generate(resident.runner, resident.forward, req, self.config, self.model.spec.vocab_size,
                                self.device)
         except BadRequest as e:
@@ -270,7 +271,7 @@ class Engine:
 
         try:
             resident = self._resident(req.candidate_id)
-            with self._armed():
+            with self.armed():
                 times, used_graph = measure(resident.runner, resident.forward, req, self.config, self.device)
         except BadRequest as e:
             return p.MeasureReply(status="invalid", error=str(e))

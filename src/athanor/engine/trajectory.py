@@ -187,13 +187,14 @@ def probe(engine: Engine, req: p.ProbeRequest) -> p.ProbeReply:
                         resident=tuple(engine.residents))
 
 
-def _projection(vocab: int, num: int, seed: int, device: torch.device) -> Tensor:
+def fingerprint_projection(vocab: int, num: int, seed: int, device: torch.device) -> Tensor:
+    """`num` random unit directions in logit space, fixed by `seed`: the projections of a `fingerprint`."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     r = torch.randn(vocab, num, generator=gen, dtype=torch.float32)
     return (r / r.norm(dim=0, keepdim=True)).to(device)  # [V, P]
 
 
-def _fingerprint(logits: Tensor, proj: Tensor, next_tokens: Tensor | None) -> tuple[Tensor, Tensor]:
+def fingerprint(logits: Tensor, proj: Tensor, next_tokens: Tensor | None) -> tuple[Tensor, Tensor]:
     """([B, P + 4] fp32, argmax [B]) of logits [B, V]: projections, max, logsumexp, log p(next), top-2 margin."""
     x = logits.float()
     lse = torch.logsumexp(x, dim=-1)
@@ -322,7 +323,7 @@ def run_trajectory(engine: Engine, req: p.TrajectoryRequest) -> p.TrajectoryRepl
     # staging, fingerprints read back, kept logits copied.
     spent = dict.fromkeys(("inputs", "windows", "fingerprints", "logits"), 0.0)
     spent["inputs"] = _clock() - t_start
-    proj = _projection(vocab, req.num_projections, req.seed, device)
+    proj = fingerprint_projection(vocab, req.num_projections, req.seed, device)
     nexts = [s.next_tokens.to(device) if s.next_tokens is not None else None for s in req.steps]
     order = random.Random(req.seed)
     num_c, num_s = len(residents), len(req.steps)
@@ -339,7 +340,7 @@ def run_trajectory(engine: Engine, req: p.TrajectoryRequest) -> p.TrajectoryRepl
     gc.collect()
     gc.disable()
     try:
-        with engine._armed():
+        with engine.armed():
             last: Resident | None = None
             for s, (step, x) in enumerate(zip(req.steps, inputs, strict=True)):
                 for c in _order(order, residents, last):
@@ -352,7 +353,7 @@ def run_trajectory(engine: Engine, req: p.TrajectoryRequest) -> p.TrajectoryRepl
                     t1 = _clock()
                     times[c, s] = seconds
                     used_graph |= graph
-                    f, a = _fingerprint(logits, proj, nexts[s])
+                    f, a = fingerprint(logits, proj, nexts[s])
                     _check_tokens(resident, tokens, a)
                     feats[c].append(f.cpu())
                     argmax[c].append(a.cpu())

@@ -26,12 +26,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _watch_parent(parent: int) -> None:
-    # Exit when the supervisor is gone, even while the main thread is busy in a candidate.
-    while True:
-        time.sleep(0.5)
-        if os.getppid() != parent:
-            os._exit(3)
+def exit_with_parent() -> None:
+    """End this process when its parent (the supervisor) is gone, even while the main thread is busy in a
+    candidate: a daemon thread polls the parent's pid."""
+    parent = os.getppid()
+
+    def poll() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                os._exit(3)
+
+    threading.Thread(target=poll, daemon=True).start()
 
 
 def _load_model(config: EngineConfig) -> Model:
@@ -113,7 +119,7 @@ def serve(config: EngineConfig) -> int:
     sock.setsockopt(zmq.LINGER, 0)
     socket_path.unlink(missing_ok=True)
     sock.bind(f"ipc://{socket_path}")
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    exit_with_parent()
     while True:
         frames = sock.recv_multipart(copy=True)
         ident, body = frames[0], frames[1:]

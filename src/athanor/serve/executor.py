@@ -81,7 +81,7 @@ class Executor:
         `while_running` is called once the step is queued on the device, before waiting for it."""
         x = self._inputs(chunks, twin, decode)
         t = time.perf_counter()
-        with self.engine._armed():
+        with self.engine.armed():
             if decode:
                 out, logits, _ = resident.runner.step(x, greedy=self._greedy(chunks))
             else:
@@ -96,7 +96,7 @@ class Executor:
                 out = sample(logits, x.temperature, x.top_p, x.seeds, last)
         if while_running is not None:
             while_running()  # host work (the previous step's report) overlaps this step's device work
-        with self.engine._armed():
+        with self.engine.armed():
             self._sync()
         return out, logits, time.perf_counter() - t
 
@@ -192,13 +192,13 @@ class Executor:
         current = ahead if ahead is not None else self._launch(resident, cid, chunks)
         # Queue the step after this one unless a row is sure to stop here (its token limit).
         if queue_next and all(c.seq.num_generated + 1 < c.seq.request.max_tokens for c in chunks):
-            with self.engine._armed():
+            with self.engine.armed():
                 again = resident.runner.step_again()
             if again is not None:
                 self._ahead = self._record(cid, [(r, p + 1) for r, p in current.rows], again[0])
         if while_running is not None:
             while_running()
-        with self.engine._armed():
+        with self.engine.armed():
             current.done.synchronize()
         for chunk, token in zip(chunks, current.host[:len(chunks)].tolist()):
             self.scheduler.complete(chunk, int(token))
@@ -206,7 +206,7 @@ class Executor:
 
     def _launch(self, resident: Resident, cid: str, chunks: list[Chunk]) -> Launched:
         x = self._inputs(chunks, twin=False, decode=True)
-        with self.engine._armed():
+        with self.engine.armed():
             tokens, _, _ = resident.runner.step(x, greedy=self._greedy(chunks))
         return self._record(cid, self._rows_of(chunks), tokens)
 

@@ -17,7 +17,6 @@ import logging
 import os
 import random
 import sys
-import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -294,7 +293,7 @@ def run_worker(config: WorkerConfig) -> int:
     from athanor.engine import protocol as p
     from athanor.engine.candidate import baseline_candidate
     from athanor.engine.candidate_dir import load_candidate_dir
-    from athanor.engine.worker import _watch_parent, boot
+    from athanor.engine.worker import boot, exit_with_parent
 
     engine = boot(config.engine)
     import zmq
@@ -313,7 +312,7 @@ def run_worker(config: WorkerConfig) -> int:
     path = Path(config.socket_path)
     path.unlink(missing_ok=True)
     sock.bind(f"ipc://{path}")
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    exit_with_parent()
     log.info("serving %s on %s", engine.active, path)
     ServingLoop(config, engine, sock).run()
     sock.close()

@@ -5,14 +5,14 @@ from __future__ import annotations
 import torch
 
 from athanor.engine.protocol import TrajectoryReply
-from athanor.engine.trajectory import _fingerprint, _projection
+from athanor.engine.trajectory import fingerprint, fingerprint_projection
 from athanor.evaluate.correctness import OUTLIER_SHARE, compare
 
 ROWS, VOCAB = 64, 8192
 
 
 def _reply(logits: torch.Tensor) -> TrajectoryReply:
-    feats, argmax = _fingerprint(logits, _projection(VOCAB, 8, 0, torch.device("cpu")), None)
+    feats, argmax = fingerprint(logits, fingerprint_projection(VOCAB, 8, 0, torch.device("cpu")), None)
     return TrajectoryReply(fingerprints=feats[None], tokens=argmax[None], logits=logits[None])
 
 
