@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from athanor.errors import ConfigError
-from athanor.traffic.parsers import FORMATS
+from athanor.traffic.formats import FORMATS
 
 
 def register(subparsers: Any) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-from athanor.traffic.parsers import MOONCAKE_BLOCK_TOKENS, athanor_log_record
+from athanor.traffic.formats import MOONCAKE_BLOCK_TOKENS, athanor_log_record
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,10 @@ The compile loop calls `load_profile(spec)` (a trace path, a saved profile or `p
 `DriftMonitor` to decide when to recompile, and `routing` for MoE models with random weights.
 """
 
+from athanor.traffic.chunk import RequestChunk
 from athanor.traffic.drift import DriftMonitor, DriftReport, DriftThresholds, FeatureDrift, compare_profiles
-from athanor.traffic.parsers import FORMATS, RequestChunk, TraceReader, athanor_log_record, read_columns
+from athanor.traffic.formats import FORMATS, athanor_log_record
+from athanor.traffic.parsers import TraceReader, read_columns
 from athanor.traffic.profile import TrafficProfile, load_profile, profile_chunks, profile_trace
 from athanor.traffic.workload import (
     DecodeStep,

@@ -4,8 +4,9 @@ Two levels, as production ML monitoring separates them:
 
 - a feature has **moved** when a two-sample test rejects "same distribution" (KS, SciPy's
   `ks_2samp`, Bonferroni-corrected over the features) *and* the effect is at least moderate
-  (PSI >= 0.1, the usual "moderate change" line, or a Wasserstein shift of 10% of the mean). With thousands of requests every p-value is
-  tiny, so the p-value alone never decides; with few requests the test guards against noise.
+  (PSI >= 0.1, the usual "moderate change" line, or a Wasserstein shift of 10% of the mean). With
+  thousands of requests every p-value is tiny, so the p-value alone never decides; with few requests
+  the test guards against noise.
 - a **recompile** is warranted only by a change the engine feels: where the prefill tokens
   fall by length (token-weighted PSI over power-of-two shape buckets >= 0.25), where decode
   tokens fall by context length (same), or the implied decode batch size (Little's law:
@@ -31,7 +32,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from athanor.traffic.parsers import RequestChunk
+from athanor.traffic.chunk import RequestChunk
 from athanor.traffic.profile import DEFAULT_TPOT_S, TrafficProfile, profile_chunks
 
 log = logging.getLogger(__name__)
@@ -216,7 +217,7 @@ def follow(path: str | Path, window_s: float, poll_s: float = 1.0, tpot_s: float
            monitor: DriftMonitor | None = None, stop_after: float | None = None) -> Iterator[DriftReport]:
     """Follow a growing JSONL request log (athanor or Mooncake format) and yield a report per
     completed window. `stop_after` (seconds of wall time) ends the loop, for tests and scripts."""
-    from athanor.traffic.parsers import _athanor_row, _mooncake_row
+    from athanor.traffic.formats import athanor_row, mooncake_row
 
     monitor = monitor or DriftMonitor()
     path = Path(path)
@@ -236,7 +237,7 @@ def follow(path: str | Path, window_s: float, poll_s: float = 1.0, tpot_s: float
                 continue
             try:
                 rec = json.loads(line)
-                t, n_in, n_out, *_ = (_athanor_row if "ttft_s" in rec else _mooncake_row)(rec)
+                t, n_in, n_out, *_ = (athanor_row if "ttft_s" in rec else mooncake_row)(rec)
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
                 log.warning("%s: skipped a malformed line: %s", path, e)
                 continue

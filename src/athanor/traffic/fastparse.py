@@ -1,5 +1,5 @@
-"""Vectorised parsers for the common trace layouts; `parsers.TraceReader` falls back to its
-per-row reference parser for any block of lines they do not accept.
+"""Vectorised parsers for the common trace layouts; `parsers.TraceReader` falls back to the
+per-row reference parser (`formats`) for any block of lines they do not accept.
 
 Each function takes a block of complete lines (bytes ending in a newline) and returns numpy
 columns, or None when a line is outside the strict form it handles (another key, a float or

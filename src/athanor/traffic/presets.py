@@ -9,7 +9,7 @@ Sources:
   "Splitwise", ISCA 2024; Azure/AzurePublicDataset, CC-BY 4.0). Splitwise reports median prompt
   1020 / output 129 tokens for conversation and 1500 / 13 for code. The spreads (sigma of log
   length), rates and inter-arrival CVs were measured with `athanor traffic profile` on the
-  published one-hour files (shared/traces): conv 5.53 req/s, CV 1.09, sigma_in 0.99, sigma_out
+  published one-hour files: conv 5.53 req/s, CV 1.09, sigma_in 0.99, sigma_out
   0.86; code 2.57 req/s, CV 13.2 (capped at 4 here: beyond it a gamma sample of a few thousand
   gaps is dominated by a handful of outliers), sigma_in 1.36, sigma_out 0.85.
 - agent: Mooncake "tool&agent" trace (Qin et al., "Mooncake", FAST 2025, trace statistics table):
@@ -28,7 +28,8 @@ from functools import cache
 import numpy as np
 
 from athanor.errors import ConfigError
-from athanor.traffic.parsers import MOONCAKE_BLOCK_TOKENS, RequestChunk
+from athanor.traffic.chunk import RequestChunk
+from athanor.traffic.formats import MOONCAKE_BLOCK_TOKENS
 from athanor.traffic.profile import PrefixStats, TrafficProfile, profile_chunks
 
 

@@ -20,7 +20,9 @@ import numpy as np
 from scipy import stats
 
 from athanor.errors import ConfigError
-from athanor.traffic.parsers import MOONCAKE_BLOCK_TOKENS, RequestChunk, TraceReader
+from athanor.traffic.chunk import RequestChunk
+from athanor.traffic.formats import MOONCAKE_BLOCK_TOKENS
+from athanor.traffic.parsers import TraceReader
 from athanor.traffic.sketch import (
     NUM_BUCKETS,
     ConcurrencySweep,
@@ -332,7 +334,7 @@ def profile_chunks(chunks: Any, source: str, window_s: float | None = None, tpot
 def profile_trace(path: str | Path, window_s: float | None = None, format: str | None = None,
                   skip_bad: bool = False, tpot_s: float = DEFAULT_TPOT_S, cache_blocks: int = 1 << 16,
                   sample_size: int = 20000) -> TrafficProfile:
-    """Profile a trace file in one streaming pass (see `parsers` for the formats)."""
+    """Profile a trace file in one streaming pass (see `formats` for the formats)."""
     reader = TraceReader(path, format, skip_bad)
     block_tokens = MOONCAKE_BLOCK_TOKENS
     prof = profile_chunks(reader, str(path), window_s, tpot_s, block_tokens, cache_blocks, sample_size)

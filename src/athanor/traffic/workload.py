@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from athanor.traffic.chunk import RequestChunk
 from athanor.traffic.corpus import Tokenizer, encoded_sentences
-from athanor.traffic.parsers import MOONCAKE_BLOCK_TOKENS, RequestChunk
+from athanor.traffic.formats import MOONCAKE_BLOCK_TOKENS
 from athanor.traffic.profile import TrafficProfile
 
 log = logging.getLogger(__name__)

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from athanor.cli import main
+from athanor.traffic.chunk import RequestChunk
 from athanor.traffic.drift import DriftMonitor, compare_profiles
-from athanor.traffic.parsers import RequestChunk, read_columns
+from athanor.traffic.parsers import read_columns
 from athanor.traffic.profile import profile_chunks
 
 TRACE_FILES = ("mooncake_conversation.jsonl", "azure_llm_2023_code.csv", "azure_llm_2023_conv.csv")

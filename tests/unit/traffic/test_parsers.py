@@ -3,7 +3,8 @@ import json
 import pytest
 
 from athanor.errors import ConfigError
-from athanor.traffic.parsers import TraceReader, athanor_log_record, detect_format, read_columns
+from athanor.traffic.formats import athanor_log_record, detect_format
+from athanor.traffic.parsers import TraceReader, read_columns
 
 ROWS = {
     "mooncake": ['{"timestamp": 0, "input_length": 700, "output_length": 5, "hash_ids": [0, 1]}',

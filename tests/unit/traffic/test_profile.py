@@ -5,7 +5,7 @@ import pytest
 
 from athanor.cli import main
 from athanor.errors import ConfigError
-from athanor.traffic.parsers import RequestChunk
+from athanor.traffic.chunk import RequestChunk
 from athanor.traffic.profile import TrafficProfile, load_profile, parse_window, profile_chunks, profile_trace
 
 
