@@ -52,12 +52,12 @@ step() {  # step SECONDS ARGS...: one athanor command under a time limit; its su
   [ $rc -eq 0 ] || failed+=("athanor $* (exit $rc)")
   echo "    ($((SECONDS - t0)) s)"
 }
-decode() {  # decode MODEL CANDIDATE NAME ARGS...: one grid of decode cells into $OUT/decode_MODEL_NAME_TAG.json
+decode() {  # decode MODEL CANDIDATES NAME ARGS...: a grid of decode cells, one process, into $OUT/decode_MODEL_NAME_TAG.json
   local model=$1 candidate=$2 name=$3
   shift 3
   local extra=()
   [ "$model" = qwen3-30b-a3b ] && extra=("${qwen3_routing[@]}")
-  step 300 bench decode --model "$model" --candidate "$candidate" --device cuda --dtype bfloat16 "${extra[@]}" \
+  step 420 bench decode --model "$model" --candidate "$candidate" --device cuda --dtype bfloat16 "${extra[@]}" \
     "$@" --json "$OUT/decode_${model}_${name}_$tag.json"
 }
 
@@ -65,22 +65,22 @@ case "$set_name" in
   table)
     for model in llama-3.2-1b llama-3.1-8b qwen3-30b-a3b; do
       decode "$model" best best --batch 1,32 --context 1024,32768
-      decode "$model" reference reference --batch 1 --context 1024
     done
-    for model in llama-3.2-1b llama-3.1-8b; do
-      decode "$model" reference reference_compile --compile --batch 1 --context 1024
-    done
+    decode llama-3.2-1b reference,reference+compile reference --batch 1 --context 1024
+    decode llama-3.1-8b reference,reference+compile reference --batch 1 --context 1024
+    decode qwen3-30b-a3b reference reference --batch 1 --context 1024
     # The engine cold-starts from files, as it would from a downloaded model.
     step 120 save-random llama-3.1-8b /tmp/llama-3.1-8b --device cuda --dtype bfloat16
     step 180 bench swap --model /tmp/llama-3.1-8b --device cuda --dtype bfloat16 \
       --json "$OUT/swap_llama-3.1-8b_$tag.json"
-    step 240 bench evaluate --model llama-3.2-1b --device cuda --runs 3 --json "$OUT/evaluate_llama-3.2-1b_$tag.json"
+    step 240 bench evaluate --model llama-3.2-1b --device cuda --dtype bfloat16 --tier slow --max-seqs 8 \
+      --max-seq-len 512 --pairs 200 --prefill-pairs 32 --budget 1.5 --runs 3 \
+      --json "$OUT/evaluate_llama-3.2-1b_$tag.json"
+    step 180 bench serve-stream --model llama-3.2-1b --device cuda --json "$OUT/serve_stream_llama-3.2-1b_$tag.json"
     ;;
   matrix)
     for model in llama-3.2-1b llama-3.1-8b qwen3-30b-a3b; do
-      for candidate in best reference; do
-        decode "$model" "$candidate" "${candidate}_matrix" --batch 1,8,32,128 --context 1024,8192,32768
-      done
+      decode "$model" best,reference matrix --batch 1,8,32,128 --context 1024,8192,32768
     done
     ;;
   tests)

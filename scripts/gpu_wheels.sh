@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Gather the wheels that the lent GPU machine's image lacks (it has torch, triton, numpy, scipy,
 # tokenizers, jinja2, safetensors, rich, matplotlib, pyyaml, tqdm, requests ... but not these), for
-# CPython 3.12 on manylinux x86_64, into .whl/. The device call carries .whl and `make gpu-test`
-# installs them there with --no-index.
+# CPython 3.12 on manylinux x86_64, into .whl/. The device call carries .whl, and `make gpu-test` or
+# `bench/gpu.sh` installs them there with --no-index.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .whl
