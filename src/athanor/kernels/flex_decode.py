@@ -1,10 +1,9 @@
 """Decode attention as one fused pass per row: PyTorch's flex attention, compiled by Inductor (the CPU's).
 
-On a CPU decode attention is memory-bound, and the plain path streams the cache slowly: at batch 16,
-~750 keys, SmolLM2's 3 KV heads of 64 (2-core machine, 1 thread, caches cold) MKL's batched matmuls of
-3 x 64 x L read K and V at ~8 GB/s, and so does SDPA's CPU flash kernel, where a plain sum over the
-same views streams at ~17 GB/s. Inductor's flex-attention template reads each key and value once in
-a fused loop with an online softmax: 1.63 ms a layer against 2.25 (per-row views, `per_seq_attention`).
+On a CPU decode attention is memory-bound, and the plain path streams the cache slowly: MKL's small
+batched matmuls (3 x 64 x L a row for SmolLM2) and SDPA's CPU flash kernel read K and V at about half
+the bandwidth a plain sum over the same views reaches. Inductor's flex-attention template reads each key
+and value once in a fused loop with an online softmax, faster than the per-row views (`per_seq_attention`).
 
 It attends over the same views as `decode_attention_per_seq` (nothing gathered), with the rows'
 lengths as a score mask, and falls back to it where those views do not apply. Compiled once per
@@ -12,10 +11,8 @@ process with dynamic shapes (batch size 1 is specialised: a second compile); not
 views are chosen on the host).
 
 Heads narrower than `MIN_HEAD_DIM` take the fallback too: with torch 2.13 (CPU), the compiled flex
-attention of 16-wide heads returned wrong rows whenever the keys numbered 8 modulo 16 (8, 24, 40, ...;
-every other length right), so the evaluator refused such candidates on `tiny-dense` ("3 of 200 rows
-differ"). Heads of 32, 64 and 128 matched the per-row path at every length tried (2-259, and for 32 and
-64 also 6-1089 keys at batch 1-16).
+attention of 16-wide heads returns wrong rows whenever the keys number 8 modulo 16 (8, 24, 40, ...);
+heads of 32, 64 and 128 match the per-row path at every length tested.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ longest context with `index_select`: a copy of B x L x heads x D per layer, read
 the two matmuls. Slicing `k_cache[slot, :, :len]` is a view, so this reads each sequence's keys
 once and only up to its own length. It loops over the batch on the host (`.tolist()`), so it is
 not CUDA-graph safe: it is the CPU's answer, where there are no graphs and memory traffic is
-everything (x2-7 faster per layer at batch 8-32 and 1-2k context on the CPU here).
+everything (several times faster per layer than the gather at batch 8-32 and contexts of thousands).
 
 When the rows' slots are consecutive (an engine hands slots out in order) the cache rows
 `k_cache[s0:s0 + B, :, :L]` are themselves a view, so the whole batch attends in three batched

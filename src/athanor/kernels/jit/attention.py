@@ -192,7 +192,7 @@ def decode_attention_merge_kernel(
     if PDL:
         tl.extra.cuda.gdc_wait()
         if EARLY:  # the O projection's programs may become resident now and load their first weight tiles
-            # (`decode_attention(merge_early=True)`; measured per model, see there)
+            # (`decode_attention(merge_early=True)`)
             tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     head = tl.program_id(1) + tl.arange(0, 1)

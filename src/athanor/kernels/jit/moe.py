@@ -69,9 +69,8 @@ def _max_rounds(chooser, e, TOP_K: tl.constexpr):
     work, not O(E^2). Each expert's key packs its chooser's order as an int32 (a float's bits, the magnitude's bits
     flipped where negative) above its index reversed (argmax's tie break: the lower index wins), so keys are distinct,
     non-negative, and the max names the winner alone; it is then struck out (-1). -0.0 is made +0.0 first: they are
-    equal choosers, as `_beaten` compares them. BLOCK_E <= 65536. On an H200 (qwen3-30b-a3b, the routing kernel on the
-    router sums, 0f7ce00) 2.439 ms a token against 2.427-2.431 with the rank count in chunks of 32: that kernel's time
-    is latency, not arithmetic."""
+    equal choosers, as `_beaten` compares them. BLOCK_E <= 65536. Less work is not less time here: the routing
+    kernel's time is latency, not arithmetic, and its TOP_K dependent reductions are slower than counting ranks."""
     bits = (chooser + 0.0).to(tl.int32, bitcast=True)
     order = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # ordered as the floats are, -inf and negatives included
     keys = ((order.to(tl.int64) + 2147483648) << 16) | (65535 - e).to(tl.int64)
@@ -93,7 +92,7 @@ def route_kernel(
     # of experts that beat it (a higher chooser, or an equal one at a lower index, as argmax breaks
     # ties), counted against CHUNK experts at a time; the k of rank < k are stored at their rank, so
     # the ids come out in descending order, as torch.topk's. Two reductions instead of 2k, each a
-    # cross-warp round trip: ~4.4 us -> ~1 us a layer at 128 experts.
+    # cross-warp round trip.
     if PDL:  # the expert kernel after may become resident now; the logits come from the kernel before
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -146,11 +145,8 @@ def rank_logits(logits, BIAS, e, E, TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, 
     experts e = arange(BLOCK_E)). CHUNK 0: the rank counted over the whole [BLOCK_E, BLOCK_E] comparison at once, with
     no round trip through memory; CHUNK < 0: TOP_K rounds of one max (`_max_rounds`). Else the choosers are stored at
     CHOOSERS [BLOCK_E] fp32 (the program's own scratch) and the rivals read back CHUNK at a time in a loop that is not
-    unrolled: a fraction of the registers and of the code. On an H200 (qwen3-30b-a3b, 128 experts), in the routing
-    kernel on the router sums: chunks of 32 0.45 us a layer faster than all at once (`gemv.route_chunk`), which had itself measured 0.45 us faster than
-    storing the logits and ranking by `_ranked`'s unrolled chunks; in the persistent MoE block 128 registers instead
-    of 164. As the plain routing kernel's ranking (logits loaded once) all at once measured 0.45 us a layer slower
-    than `_ranked`."""
+    unrolled: a fraction of the registers and of the code, and the fastest of the three for the routing kernel on the
+    router sums (`linear_route(route_chunk=)`) and in the persistent MoE block."""
     e_mask = e < E
     m, denom = _softmax_stats(logits, SOFTMAX)
     scores, chooser = _scores(logits, BIAS, e, e_mask, m, denom, SOFTMAX, HAS_BIAS)

@@ -1,9 +1,9 @@
 """A MoE block at batch 1 in one persistent launch: the O projection, the router, routing and the routed experts.
 
 At batch 1 the block is four launches a layer (the O projection summing the router's logits, the routing kernel,
-the experts' gate/up GEMV, their down GEMV), and on qwen3-30b-a3b on an H200 they take 37 us a layer for 22 us of
-weight bytes: each boundary costs a ramp (a kernel's programs start cold, its first loads wait on the wait for the
-one before) and a tail (the last programs of a wave run alone). Here one grid of a few programs per SM, all resident
+the experts' gate/up GEMV, their down GEMV), which take well over the time their weight bytes need: each boundary
+costs a ramp (a kernel's programs start cold, its first loads wait on the wait for the one before) and a tail (the
+last programs of a wave run alone). Here one grid of a few programs per SM, all resident
 at once, walks the three GEMVs in turn, each program taking every P-th unit of work, with grid-wide synchronisation
 between them (atomic counts and flags spun on from L2) where the kernel boundaries were.
 
@@ -59,7 +59,7 @@ def moe_block_kernel(
     (`rank_logits`'s choosers, RANK_CHUNK > 0), RSTDS fp32 [M] (each row's 1/RMS, from the routing program).
     PHASE 0: all three phases in one launch; 1, 2, 3: that phase alone (three launches). TIMING: each program stores
     the GPU's clock at its start, the end of phase 1, once routed, at the end of phase 2, after the barrier and at
-    its end into STAMPS [programs, 8] int64 (`bench/moe_block_phases.py`)."""
+    its end into STAMPS [programs, 8] int64, to time the phases apart."""
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     _stamp(STAMPS, pid, 0, TIMING)

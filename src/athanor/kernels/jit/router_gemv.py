@@ -101,7 +101,7 @@ def route_sums_kernel(
     """One token's routing from the sums `fused_gemv_router_kernel` left: its logits are rstd(H row) * SUMS row /
     scale, rounded to H's dtype as the router GEMV's output is (stored in LOGITS), then what `route_kernel` does
     (ranked by `rank_logits`, CHUNK rivals at a time from CHOOSERS [rows, BLOCK_E], or all at once with CHUNK 0:
-    `gemv.route_chunk`).
+    `linear_route(route_chunk=)`).
     The sums are zeroed for the next launch (CUDA-graph replays included)."""
     if PDL:  # the expert kernel after may become resident now; the sums come from the kernel before
         tl.extra.cuda.gdc_launch_dependents()

@@ -1,7 +1,7 @@
 """Greedy decoding on the device: a row-wise argmax over the vocabulary, split across programs.
 
-One program per row would walk a 128k vocabulary alone (~125 dependent 4 KB loads, ~10 us on an H200, a
-whole-step cost at batch 1). Instead each row is cut into PARTS chunks of CHUNK logits: every program finds
+One program per row would walk a 128k vocabulary alone (~125 dependent 4 KB loads, microseconds that a batch-1
+step cannot spare). Instead each row is cut into PARTS chunks of CHUNK logits: every program finds
 the first maximum of its chunk, stores (value, index), and takes the row's ticket; the last to take it reduces
 the PARTS pairs (from L2) to the row's argmax and resets the ticket. One launch, graph-safe.
 """
