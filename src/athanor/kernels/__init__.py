@@ -3,8 +3,11 @@
 Every public function here is a *dispatcher*: it runs the Triton kernel (from `jit/`) when
 Triton is importable and the tensors are on CUDA (or `TRITON_INTERPRET=1` is set, which is how
 the CPU tests run the kernels), and the PyTorch fallback otherwise. `impl="torch"` or
-`impl="triton"` forces one. The fallbacks are the numerical reference each kernel is tested
-against; they follow `athanor.model.reference` wherever the reference has the same operation.
+`impl="triton"` forces one. How a Triton kernel launches (tiles, warps, when it lets the next
+kernel start) is a keyword parameter of its dispatcher with the fastest known value as its default,
+never an environment variable, so a candidate that changes one says so in its source. The
+fallbacks are the numerical reference each kernel is tested against; they follow
+`athanor.model.reference` wherever the reference has the same operation.
 
 Candidates import these (`from athanor.kernels import rms_norm, decode_attention, ...`); the
 package imports without Triton.
@@ -35,7 +38,7 @@ from athanor.kernels.moe import (
     route,
     routed_experts,
 )
-from athanor.kernels.moe_block import MoeBlockOutput, moe_block
+from athanor.kernels.moe_block import MoeBlockConfig, MoeBlockOutput, moe_block
 from athanor.kernels.norm import add_rms_norm, rms_norm
 from athanor.kernels.per_seq_attention import decode_attention_per_seq
 from athanor.kernels.rope import KVWrite, rope, rope_and_cache
@@ -45,6 +48,7 @@ __all__ = [
     "HAS_TRITON",
     "ExpertGroups",
     "KVWrite",
+    "MoeBlockConfig",
     "MoeBlockOutput",
     "RouterLogits",
     "add_rms_norm",

@@ -13,11 +13,13 @@ import functools
 import torch
 from torch import Tensor
 
-from athanor.kernels.dispatch import Impl, cdiv, env_choice, launch_warps, next_pow2, pdl, tickets, use_triton
+from athanor.kernels.dispatch import WARPS, Impl, cdiv, check_choice, next_pow2, pdl, tickets, use_triton
 from athanor.kernels.rope import KVWrite, rope_into
 
 BLOCK_N = 64
-"""Keys per tile of the Triton kernel (see `kv_block`)."""
+"""Keys per tile of the Triton kernel (see `default_kv_block`)."""
+KV_BLOCKS = (16, 32, 64, 128)
+"""The keys per tile `decode_attention(kv_block=)` may set."""
 MAX_SPLITS = 64
 
 
@@ -28,29 +30,33 @@ def _num_sms(device: torch.device) -> int:
     return 8
 
 
-def kv_block(batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
+def default_kv_block(batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
     """Keys per tile of the split kernel, and so the fewest keys a split holds: `BLOCK_N`, or half of it where
     `BLOCK_N` keys a split would leave SMs without a split program (a short context over few KV heads: qwen3-30b-a3b's
     4 at 1k keys, 68 programs on an H200's 132). Smaller tiles give such a context more splits, each with less to do
-    after its wait, and the merge more to combine: qwen3 2.424 against 2.430 ms a token, the 1B's 136 programs 0.885
-    against 0.881 (`bench/results/kv-block-2c201aa/`). ATHANOR_KV_BLOCK (16, 32, 64 or 128) overrides it, read at each
-    launch from Python for A/B runs in one process (`bench/env_sweep.py`); a captured graph keeps its grid and tiles."""
-    value = env_choice("ATHANOR_KV_BLOCK", (16, 32, 64, 128), "keys a tile")
-    if value is not None:
-        return value
+    after its wait, and the merge more to combine; with enough programs the larger tiles are faster."""
     few = batch * num_kv_heads * cdiv(max_seq_len, BLOCK_N) < _num_sms(device)
     return BLOCK_N // 2 if few else BLOCK_N
 
 
-def num_kv_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
-    """Splits of each sequence's keys so that about four programs per SM have work.
+def num_kv_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device,
+                  kv_block: int | None = None) -> int:
+    """Splits of each sequence's keys so that about four programs per SM have work, at least `kv_block` keys each
+    (None: `default_kv_block`).
 
     Static in (batch, heads, max_seq_len), so a captured graph keeps its grid; the slice each
     split covers adapts to the real length inside the kernel.
     """
+    block = _kv_block(kv_block, batch, num_kv_heads, max_seq_len, device)
     target = 4 * _num_sms(device)
     splits = cdiv(target, max(1, batch * num_kv_heads))
-    return max(1, min(splits, MAX_SPLITS, cdiv(max_seq_len, kv_block(batch, num_kv_heads, max_seq_len, device))))
+    return max(1, min(splits, MAX_SPLITS, cdiv(max_seq_len, block)))
+
+
+def _kv_block(kv_block: int | None, batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
+    if kv_block is None:
+        return default_kv_block(batch, num_kv_heads, max_seq_len, device)
+    return check_choice("kv_block", kv_block, KV_BLOCKS, "keys a tile")
 
 
 def decode_attention_torch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor,
@@ -77,7 +83,8 @@ def decode_attention_torch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: T
 def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor,
                      num_splits: int | None = None, static: bool = False, impl: Impl = None,
                      merge_early: bool = False, lens_offset: int = 0, early_keys: bool = False,
-                     split_early: bool = False) -> Tensor:
+                     split_early: bool = False, *, kv_block: int | None = None, split_warps: int = 4,
+                     merge_warps: int = 1) -> Tensor:
     """Attention of one query per sequence over its cached keys. Returns [B, Hq, D] in q's dtype.
 
     q: [B, Hq, D]; k_cache, v_cache: [num_slots, Hkv, max_seq_len, D]; slots, kv_lens: [B] int64
@@ -86,10 +93,8 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
     so a token-major cache [num_slots, max_seq_len, Hkv, D] can be passed as a permuted view.
 
     `merge_early` (Triton, under PDL): the merge kernel lets the next kernel launch right after its wait instead
-    of as it exits, so the O projection's programs load their first weight tiles while the merge runs. Measured
-    on an H200 at batch 1: llama-3.2-1b 0.900-0.901 vs 0.912-0.913 ms (three runs each, alternating), llama-3.1-8b
-    4.229 vs 4.260 ms (`bench/results/merge-early/`); qwen3-30b-a3b 2.991 vs 2.903 ms, its larger O projection's
-    early loads slowing the merge 1.6x (`bench/results/attention-merge/`).
+    of as it exits, so the O projection's programs load their first weight tiles while the merge runs: a choice per
+    model, since a large O projection's early loads slow the merge more than they save.
 
     `lens_offset`: each row attends kv_lens[b] + lens_offset keys, so a decode step can pass its positions with
     offset 1 and spare the launch that would add the 1 (a microsecond of a batch-1 step).
@@ -101,35 +106,41 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
     done); the other keys were written by earlier steps.
 
     `split_early` (Triton, under PDL): the split kernel lets the merge kernel launch as it starts, so the merge's
-    programs wait resident instead of launching once the last split program exits. H200, batch 1: qwen3-30b-a3b
-    2.530 vs 2.554 ms, llama-3.2-1b 0.872 vs 0.876, llama-3.1-8b 4.214 vs 4.149 (`bench/results/split-early-6ac56a9/`).
+    programs wait resident instead of launching once the last split program exits (a choice per model too).
+
+    How the Triton kernels run (no value changes beyond the merge's rounding; each default is the fastest decode step,
+    as `athanor bench decode` measures it): `kv_block` keys a tile (one of `KV_BLOCKS`; None: `default_kv_block`),
+    `split_warps` and `merge_warps` the split and merge kernels' warps (each one of `dispatch.WARPS`).
     """
     if not use_triton(q, impl):
         return decode_attention_torch(q, k_cache, v_cache, slots, kv_lens + lens_offset if lens_offset else kv_lens,
                                       static)
     return _launch(q, k_cache, v_cache, slots, kv_lens, num_splits, None, merge_early, lens_offset, early_keys,
-                   split_early)
+                   split_early, kv_block, split_warps, merge_warps)
 
 
 def rope_cache_attention(q: Tensor, k: Tensor, v: Tensor, kv: KVWrite, kv_lens: Tensor, eps: float = 0.0,
-                         num_splits: int | None = None, static: bool = False, impl: Impl = None) -> Tensor:
+                         num_splits: int | None = None, static: bool = False, impl: Impl = None, *,
+                         kv_block: int | None = None, split_warps: int = 4) -> Tensor:
     """`rope_and_cache` then `decode_attention`, in one Triton kernel: q and the new k are q/k-normed (with
     `eps`) and rotated in registers, the program whose key slice holds the new position writes k and v into
     `kv`'s caches before reading them, and the last split of each KV head to finish merges the splits.
     Returns [B, Hq, D].
 
     q: [B, Hq, D], k, v: [B, Hkv, D], not rotated (strided views of a fused QKV output are fine); kv_lens:
-    positions + 1.
+    positions + 1. `kv_block`, `split_warps`: as `decode_attention`'s.
     """
     if not use_triton(q, impl):
         q = rope_into(q, k, v, kv, eps, impl="torch")
         return decode_attention_torch(q, kv.k_cache, kv.v_cache, kv.slots, kv_lens, static)
-    return _launch(q, kv.k_cache, kv.v_cache, kv.slots, kv_lens, num_splits, (k, v, kv, eps))
+    return _launch(q, kv.k_cache, kv.v_cache, kv.slots, kv_lens, num_splits, (k, v, kv, eps),
+                   kv_block=kv_block, split_warps=split_warps)
 
 
 def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor, num_splits: int | None,
             new: tuple[Tensor, Tensor, KVWrite, float] | None, merge_early: bool = False,
-            lens_offset: int = 0, early_keys: bool = False, split_early: bool = False) -> Tensor:
+            lens_offset: int = 0, early_keys: bool = False, split_early: bool = False, kv_block: int | None = None,
+            split_warps: int = 4, merge_warps: int = 1) -> Tensor:
     """The Triton path: split kernel + merge kernel, or (`new`: the new token's k, v, where they go, the q/k norms'
     eps) the fused kernel with its ticket merge."""
     from athanor.kernels.jit.attention import decode_attention_merge_kernel, decode_attention_split_kernel
@@ -139,8 +150,11 @@ def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens:
     assert d == next_pow2(d) and q.stride(2) == 1 and k_cache.stride(3) == 1
     assert k_cache.stride() == v_cache.stride()
     group = hq // hkv
-    block_n = kv_block(b, hkv, max_len, q.device)  # read before any launch, as the warps are
-    splits = num_splits or num_kv_splits(b, hkv, max_len, q.device)
+    # Checked before any launch: a bad value launches nothing.
+    block_n = _kv_block(kv_block, b, hkv, max_len, q.device)
+    split_warps = check_choice("split_warps", split_warps, WARPS, "warps")
+    merge_warps = check_choice("merge_warps", merge_warps, WARPS, "warps")
+    splits = num_splits or num_kv_splits(b, hkv, max_len, q.device, block_n)
     o_part = torch.empty((b, hq, splits, d), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((b, hq, splits), dtype=torch.float32, device=q.device)
     out = torch.empty((b, hq, d), dtype=q.dtype, device=q.device)
@@ -158,8 +172,6 @@ def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens:
     else:
         fused = (q, q, q, q, slots, q, q, 0.0)  # stand-ins: unread without ROPE
         new_strides = (0, 0, 0, 0)
-    # Read before any launch: a bad value launches nothing.
-    split_warps, merge_warps = launch_warps("ATHANOR_SPLIT_WARPS"), launch_warps("ATHANOR_MERGE_WARPS", 1)
     decode_attention_split_kernel[(b, hkv, splits)](
         q, k_cache, v_cache, slots, kv_lens, o_part, lse_part, out, tickets(q.device), *fused,
         q.stride(0), q.stride(1), *new_strides, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),

@@ -66,69 +66,37 @@ def pdl(t: Tensor) -> dict[str, Any]:
     Programmatic dependent launch (Hopper and later): the kernel's programs may start while the
     kernel before it drains, do what needs none of its results (a GEMV issues its first weight
     loads), then wait at `gdc_wait` for it to finish. Every decode kernel pays a launch and a ramp
-    of a microsecond or two; at batch 1 they are 150 kernels of a 1 ms step. Off on the CPU
-    interpreter (no inline PTX there), before Hopper, and with ATHANOR_PDL=0 (to measure it).
+    of a microsecond or two, and a batch-1 step is a hundred or more kernels. Off on the CPU
+    interpreter (no inline PTX there) and before Hopper.
 
-    The GEMVs trigger the next launch explicitly (`PDL_EARLY`; `expert_gemv` right after its wait,
-    which `expert_gemv(settled=True)` relies on), and the routing kernel at its start; the attention's split
-    and merge kernels where asked (`decode_attention(split_early=..., merge_early=...)`); the RoPE kernel lets
-    the next one launch as it exits. Triggering right after the wait in all three was measured worse on an H200
-    (llama-3.1-8b 4.284 -> 4.618 ms, qwen3-30b-a3b 2.753 -> 2.949 ms): the O projection's programs, resident
-    while attention runs, slow it down."""
+    The fused GEMVs let the next kernel launch as they start (`EARLY`; those with a RoPE or routing epilogue after
+    their weight stream), `expert_gemv` right after its wait (which `expert_gemv(settled=True)` relies on), the
+    routing kernel at its start, the attention's split and merge kernels where asked (`decode_attention(split_early=,
+    merge_early=)`), the RoPE kernel as it exits. Earlier is not always better: a consumer's programs resident
+    through its producer's run slow it (the O projection's, while attention runs)."""
     on = t.is_cuda and not interpreting() and _pdl_capable(t.device.index)
     return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
 
 
-PINNED_CONFIGS = os.environ.get("ATHANOR_PINNED_CONFIGS", "1") != "0"
-"""Launch the shapes measured in the decode step with their pinned configs (`athanor.kernels.jit.pinned`) instead of
-autotuning them; ATHANOR_PINNED_CONFIGS=0 tunes every shape (for A/B runs)."""
-
-PDL_EARLY = os.environ.get("ATHANOR_PDL_EARLY", "1") != "0"
-"""Under PDL, a fused GEMV triggers the next kernel's launch as soon as it starts, not after its weight
-stream: the next kernel's programs then wait resident (and issue their first weight loads) while it
-streams. Measured on an H200 at batch 1 against triggering after the stream: llama-3.2-1b 0.947 ->
-0.919-0.928 ms, llama-3.1-8b 4.262 -> 4.243 ms, qwen3-30b-a3b 3.285 -> 2.968 ms. ATHANOR_PDL_EARLY=0
-triggers after the stream."""
-
-
-WIDE_RSTD = os.environ.get("ATHANOR_WIDE_RSTD", "1") != "0"
-"""The fused GEMVs with the RMSNorm inside read the residual row for its RMS in one load where it fits
-(`rstd_block`), not in chunks of the weight tile's BLOCK_K, a round trip to L2 each, before the first tile is
-multiplied. On an H200 at batch 1 (d0dd554, two alternating pairs in one call): qwen3-30b-a3b 2.615 -> 2.585 ms,
-llama-3.2-1b 0.894 -> 0.882, llama-3.1-8b 4.215 -> 4.193. ATHANOR_WIDE_RSTD=0 reads it in BLOCK_K chunks (for A/B runs)."""
-
-
-def launch_warps(var: str, default: int = 4) -> int:
-    """The warps a small latency-bound kernel launches with (the routing kernel on the router sums, the attention
-    split and merge kernels): environment variable `var`, 1, 2 or 4, else `default`; read at each launch from
-    Python, so A/B runs can alternate in one process (`bench/env_sweep.py`; a captured graph keeps what it was
-    captured with). Fewer warps reduce through shuffles alone, without the shared-memory round trips and barriers
-    between warps. On an H200, qwen3-30b-a3b at batch 1 (alternating, one
-    process; `bench/results/small-warps-38fd522/`): the merge at 1 warp 2.430, 2.429 ms against 2.454, 2.454 at 4
-    (2.488 at 2, 2.466 at 8); the routing kernel 2.573 at 1, 2.503 at 2 against 2.449-2.457 at 4, and at 8 its
-    step hit an illegal address, so 8 is not offered: the same rank count in chunks, run by the 8-warp O kernel,
-    left one of a token's id slots unwritten in the step (`bench/results/route-tail-8b188dd/`)."""
-    value = env_choice(var, (1, 2, 4), "warps")
-    return default if value is None else value
-
-
-def env_choice(var: str, allowed: tuple[int, ...], unit: str) -> int | None:
-    """A launch setting from environment variable `var`: one of `allowed`, or None where unset; any other value
-    fails with a one-line error naming the variable (read before a launch, so a bad value launches nothing)."""
-    value = os.environ.get(var)
-    if value is None:
-        return None
-    if value not in [str(a) for a in allowed]:
+def check_choice(name: str, value: int, allowed: tuple[int, ...], unit: str) -> int:
+    """`value`, a kernel's keyword parameter `name`, if it is one of `allowed`; else a one-line ConfigError naming
+    the parameter (checked before any launch, so a bad value launches nothing)."""
+    if value not in allowed:
         listed = ", ".join(map(str, allowed[:-1])) + f" or {allowed[-1]}"
-        raise ConfigError(f"{var} must be {listed} ({unit}), not {value!r}")
-    return int(value)
+        raise ConfigError(f"{name} must be {listed} ({unit}), not {value!r}")
+    return value
+
+
+WARPS = (1, 2, 4)
+"""The warps a small latency-bound kernel may launch with (the routing kernel on the router sums, the attention's
+split and merge kernels): fewer warps reduce through shuffles alone, without shared-memory round trips and barriers
+between warps. 8 is not offered: the routing kernel's ranks at 8 warps left a token's id slot unwritten on an H200."""
 
 
 def rstd_block(k: int) -> int:
-    """The RSTD_BLOCK of a fused GEMV whose normed rows are k long: 0 (the weight tile's BLOCK_K) without
-    `WIDE_RSTD`; else the row in one load up to 4096 (128 on the CPU interpreter, so the tests take the loop too)."""
-    if not WIDE_RSTD:
-        return 0
+    """The RSTD_BLOCK of a fused GEMV whose normed rows are k long: the row in one load up to 4096 (128 on the CPU
+    interpreter, so the tests take the loop too), not in chunks of the weight tile's BLOCK_K, a round trip to L2
+    each, before the first tile is multiplied."""
     return min(128 if interpreting() else 4096, next_pow2(k))
 
 
@@ -136,7 +104,7 @@ def rstd_block(k: int) -> int:
 def _pdl_capable(index: int | None) -> bool:
     import torch
 
-    return os.environ.get("ATHANOR_PDL", "1") != "0" and torch.cuda.get_device_capability(index)[0] >= 9
+    return torch.cuda.get_device_capability(index)[0] >= 9
 
 
 _ZEROED: dict[tuple[str, Any], Tensor] = {}
@@ -166,8 +134,8 @@ def argmax_best(device: Any) -> Tensor:
 
 def router_sums(device: Any) -> Tensor:
     """int64 accumulators of MoE router logits in fixed point (`fused_gemv_router_kernel` adds into them, the routing
-    kernel after it reads and zeroes them), [rows, experts] row-major, each `gemv.sums_spread()` apart: 1 << 17 of them
-    (1 MB): 8 rows of 128 experts 128 apart, one row of 1024 experts 128 apart."""
+    kernel after it reads and zeroes them), [rows, experts] row-major, each `linear_route(sums_spread=)` apart:
+    1 << 17 of them (1 MB): 8 rows of 128 experts 128 apart, one row of 1024 experts 128 apart."""
     import torch
 
     return _zeroed("router_sums", device, 1 << 17, torch.int64)

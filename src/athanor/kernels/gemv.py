@@ -7,8 +7,7 @@ templates make it a choice (`gemv` option) rather than a rule.
 
 from __future__ import annotations
 
-import os
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -18,12 +17,12 @@ from athanor.errors import ConfigError
 from athanor.kernels.attention import _num_sms
 from athanor.kernels.dispatch import (
     ARGMAX_SLOTS,
-    PDL_EARLY,
+    WARPS,
     Impl,
     argmax_best,
     cdiv,
+    check_choice,
     interpreting,
-    launch_warps,
     next_pow2,
     pdl,
     router_sums,
@@ -78,13 +77,6 @@ def linear(x: Tensor, w: Tensor, bias: Tensor | None = None, gemv: str = "cublas
         return splitk_linear(x, w, bias)
     return F.linear(x, w, bias)
 
-
-EPILOGUE_EARLY = os.environ.get("ATHANOR_EPILOGUE_EARLY", "0") == "1"
-"""Whether the GEMVs with a RoPE or routing epilogue trigger the next launch at their start, as the others do
-(`PDL_EARLY`), or after their weight stream. Early, the attention or expert kernel's programs sit resident
-through the whole projection: measured on an H200 at batch 1 (fd708d0) the step was slower than with a
-separate RoPE / routing kernel (llama-3.2-1b 0.961 vs 0.935 ms, qwen3-30b-a3b 2.833 vs 2.746 ms), and
-attention's time per step rose 2-4x."""
 
 MAX_FUSED_ROWS = 8
 """Most rows `fused_linear` takes in Triton: each row is one more pass over the weight tile in registers."""
@@ -209,7 +201,7 @@ def qkv_rope_cache(h: Tensor, w: Tensor, bias: Tensor | None, norm_weight: Tenso
     if m:
         _launch(fused_gemv_rope_kernel, fused_gemv_rope_tuned, args,
                 {"HEAD_DIM": d, "QK_NORM": norms, "BIAS": bias is not None, "GATHER": gather is not None}, m, n, k,
-                early=EPILOGUE_EARLY, evict_first=evict_first)
+                early=False, evict_first=evict_first)
     return y.view(m, num_heads + 2 * num_kv, d)[:, :num_heads]
 
 
@@ -237,36 +229,12 @@ def router_topk(h: Tensor, w: Tensor, norm_weight: Tensor, eps: float, top_k: in
     flags = {"TOP_K": top_k, "SOFTMAX": scoring == "softmax", "RENORM": renormalize,
              "HAS_BIAS": selection_bias is not None, "BLOCK_E": next_pow2(n), "CHUNK": min(32, next_pow2(n))}
     if m:
-        _launch(fused_gemv_route_kernel, fused_gemv_route_tuned, args, flags, m, n, k, early=EPILOGUE_EARLY)
+        _launch(fused_gemv_route_kernel, fused_gemv_route_tuned, args, flags, m, n, k, early=False)
     return ids, weights
 
 
-def route_chunk() -> int:
-    """`linear_route`'s routing kernel ranks its experts CHUNK rivals at a time, in a loop over choosers it stored
-    (`rank_logits`), all at once in registers with 0, or in TOP_K rounds of one max with `max` (`_max_rounds`):
-    ATHANOR_ROUTE_CHUNK, 32 by default, read at each launch from Python (A/B runs in one process:
-    `bench/env_sweep.py`). qwen3-30b-a3b on an H200 (1e77ebd, alternating, three pairs): 2.596, 2.596, 2.594 ms with
-    32 against 2.617, 2.617, 2.619 all at once; 2.666 with 16; `max` 2.439 against 2.427-2.431 (0f7ce00)."""
-    value = os.environ.get("ATHANOR_ROUTE_CHUNK", "32")
-    if value == "max":
-        return -1
-    if not value.isdigit() or (int(value) & (int(value) - 1)):
-        raise ConfigError(f"ATHANOR_ROUTE_CHUNK must be 0, a power of two or 'max', not {value!r}")
-    return int(value)
-
-
-def sums_spread() -> int:
-    """The distance in int64s between `linear_route`'s router sums (`add_router_share`'s SPREAD), at most what the
-    sums' array holds for the rows and experts: ATHANOR_SUMS_SPREAD, 128 by default (1 KB), read at each launch
-    (A/B runs in one process: `bench/env_sweep.py`). qwen3-30b-a3b on two H200s, alternating in one process: 2.397 ms
-    x4 at 64, 2.407 x2 at 16, 2.437-2.438 x6 packed (1) (`bench/results/sums-spread-eb5e623/`); 2.378-2.379 x4 at 128,
-    2.380 x2 at 256, 2.385-2.387 x5 at 64, 2.430 packed (`bench/results/sums-spread-6636964/`). Every O projection
-    program adds into every expert's sum: 128 packed sums sit in 8 lines of L2, whose slices then queue 4096 atomics
-    each (the likely reason; not profiled in L2)."""
-    value = os.environ.get("ATHANOR_SUMS_SPREAD", "128")
-    if value not in ("1", "2", "4", "8", "16", "32", "64", "128", "256"):
-        raise ConfigError(f"ATHANOR_SUMS_SPREAD must be a power of two from 1 to 256, not {value!r}")
-    return int(value)
+SUMS_SPREADS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+"""The distances `linear_route(sums_spread=)` may set between the router sums, in int64s."""
 
 
 ROUTER_SCALE = 2.0**32
@@ -277,7 +245,8 @@ columns, to 2^31 too): far beyond any model's activations."""
 
 def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_weight: Tensor, eps: float, top_k: int,
                  scoring: str, renormalize: bool, selection_bias: Tensor | None = None,
-                 impl: Impl = None, evict_first: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                 impl: Impl = None, evict_first: bool = False, *, route_chunk: int | Literal["max"] = 32,
+                 sums_spread: int = 128, route_warps: int = 4) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The projection before a MoE block and the block's routing, for <= 8 rows in two kernels instead of three:
 
         h = residual + x @ w.T                    (rounded like `fused_linear(x, w, residual=residual)`)
@@ -289,7 +258,20 @@ def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_
     fixed-point sums (exact, so the same in whatever order the strips finish), and the routing kernel scales them by
     the row's RMSNorm factor, which comes out of the sum. So the logits are not the router GEMV's bit for bit: that
     one rounds the normed input to the model dtype before the product, this one multiplies in fp32; both round the
-    logits to the model dtype. `evict_first`: the projection's as `fused_linear`'s."""
+    logits to the model dtype. `evict_first`: the projection's as `fused_linear`'s.
+
+    How the routing kernel runs (Triton only; no value changes; each default is the fastest decode step, as
+    `athanor bench decode` measures it):
+    - `route_chunk`: its experts' ranks counted against that many rivals at a time (a power of two), in a loop over
+      choosers it stored (`rank_logits`); 0 all at once in registers; "max" in TOP_K rounds of one max.
+    - `sums_spread`: the router sums this many int64s apart (one of `SUMS_SPREADS`; closer where the array holds no
+      more): every O projection program adds into every expert's sum, and packed sums queue those atomics at the
+      few L2 slices that hold them.
+    - `route_warps`: its warps (one of `dispatch.WARPS`)."""
+    # Checked before any launch: a bad value must not leave the sums added into.
+    chunk = _route_chunk(route_chunk)
+    spread = check_choice("sums_spread", sums_spread, SUMS_SPREADS, "int64s apart")
+    warps = check_choice("route_warps", route_warps, WARPS, "warps")
     m, k = x.shape
     e, hidden = router_w.shape
     sums = router_sums(x.device)
@@ -314,13 +296,10 @@ def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_
     if m == 0:
         return h, logits, ids, weights
     block_e = next_pow2(e)
-    spread = sums_spread()
     while m * e * spread > sums.numel():  # as far apart as the array holds (qwen3's 128 experts: 1024 apart at one row)
         spread //= 2
     args = (x, w, residual, h, _workspace(m, n, x.device), tickets(x.device), router_w, norm_weight, sums,
             m, n, k, e, ROUTER_SCALE, x.stride(0), w.stride(0), residual.stride(0), h.stride(0))
-    # Both read before the first launch: a bad value must not leave the sums added into.
-    chunk, warps = min(route_chunk(), block_e), launch_warps("ATHANOR_ROUTE_WARPS")
     _launch(fused_gemv_router_kernel, fused_gemv_router_tuned, args, {"BLOCK_E": block_e, "SPREAD": spread}, m, n, k,
             evict_first=evict_first)
     route_sums_kernel[(m,)](
@@ -328,8 +307,17 @@ def linear_route(x: Tensor, w: Tensor, residual: Tensor, router_w: Tensor, norm_
         torch.empty(m * block_e, dtype=torch.float32, device=x.device), e, n, eps,  # the ranks' scratch
         1.0 / ROUTER_SCALE, h.stride(0), TOP_K=top_k, SOFTMAX=scoring == "softmax", RENORM=renormalize,
         HAS_BIAS=selection_bias is not None, BLOCK_E=block_e,
-        BLOCK_K=rstd_block(n) or min(1024, next_pow2(n)), CHUNK=chunk, num_warps=warps, SPREAD=spread, **pdl(x))
+        BLOCK_K=rstd_block(n), CHUNK=min(chunk, block_e), num_warps=warps, SPREAD=spread, **pdl(x))
     return h, logits, ids, weights
+
+
+def _route_chunk(value: int | Literal["max"]) -> int:
+    """`linear_route(route_chunk=)` as the kernel's CHUNK (-1 for "max"); a one-line error for anything else."""
+    if value == "max":
+        return -1
+    if not isinstance(value, int) or value < 0 or value & (value - 1):
+        raise ConfigError(f"route_chunk must be 0, a power of two or 'max', not {value!r}")
+    return value
 
 
 def _workspace(m: int, n: int, device: torch.device) -> Tensor:
@@ -338,11 +326,13 @@ def _workspace(m: int, n: int, device: torch.device) -> Tensor:
 
 
 def _launch(kernel: Any, tuned: Any, args: tuple[Any, ...], flags: dict[str, Any], m: int, n: int, k: int,
-            early: bool = PDL_EARLY, evict_first: bool = False) -> None:
+            early: bool = True, evict_first: bool = False) -> None:
     """A fused-GEMV kernel on its grid: on the GPU with the config pinned for its shape (`jit.pinned`) or autotuned;
     on the CPU interpreter with fixed small blocks and split-K on for long K, so the tests' small shapes take the
-    split path too (timing configs there measures nothing). `early`: trigger the next kernel's launch at the start
-    (see `dispatch.PDL_EARLY`). `evict_first`: the weight read with L2's evict-first policy."""
+    split path too (timing configs there measures nothing). `evict_first`: the weight read with L2's evict-first
+    policy. `early`, under PDL: the next kernel launches as this one starts, so its programs wait resident (and
+    issue their first weight loads) while this one streams; else after the weight stream, which the GEMVs with a
+    RoPE or routing epilogue take: the attention or expert programs resident through the whole projection slow it."""
     flags = {**flags, "BLOCK_M": next_pow2(m), **pdl(args[0]), "EARLY": early, "RSTD_BLOCK": rstd_block(k),
              "EVICT": "evict_first" if evict_first else ""}
     if interpreting():
@@ -354,5 +344,5 @@ def _launch(kernel: Any, tuned: Any, args: tuple[Any, ...], flags: dict[str, Any
         def grid(meta: dict[str, int]) -> tuple[int, int]:
             return cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"]
 
-        if not launch_pinned(kernel, tuned, grid, args, flags):  # a shape measured in the step, else autotuned
+        if not launch_pinned(kernel, tuned, grid, args, flags):  # a shape pinned for the step, else autotuned
             tuned[grid](*args, **flags)

@@ -1,16 +1,13 @@
 """A decode step's MoE block from the attention's output on: the O projection, the router, routing and the routed
 experts, in one persistent Triton launch (`jit.moe_block`) instead of four, or the four where it does not apply.
 
-Measured slower than the four launches on an H200 (qwen3-30b-a3b at batch 1: 3.236 against 2.591-2.596 ms a step;
-alone 53 against 38 us): its 3-4 programs an SM keep too few weight bytes in flight, and its waits cost what the
-kernel boundaries did (`bench/results/moe-block/`). A move for the search (`routing=triton_moe_block`), not the
-best-known."""
+A move for the search (`routing=triton_moe_block`), not the best-known: on an H200 it is slower than the four
+launches, since its few programs an SM keep too few weight bytes in flight and its grid-wide waits cost what the
+kernel boundaries did."""
 
 from __future__ import annotations
 
-import functools
-import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -36,10 +33,10 @@ from athanor.kernels.moe import routed_experts
 
 @dataclass(frozen=True)
 class MoeBlockConfig:
-    """Blocks of the persistent kernel's three GEMVs (1: O, split-K; 2: the experts' gate/up; 3: their down) and
-    its grid: `per_sm` programs an SM, fewer where the compiled kernel's registers or shared memory do not let
-    that many be resident at once (the grid barrier needs them all). `rank_chunk`: `rank_logits`'s CHUNK (0:
-    every rank at once in registers). ATHANOR_MOE_BLOCK="block_n1=8,per_sm=3,..." changes any of them."""
+    """How the persistent kernel runs on the GPU (no value changes): the blocks of its three GEMVs (1: O, split-K;
+    2: the experts' gate/up; 3: their down) and its grid, `per_sm` programs an SM, fewer where the compiled kernel's
+    registers or shared memory do not let that many be resident at once (the grid barrier needs them all).
+    `rank_chunk`: `rank_logits`'s CHUNK (0: every rank at once in registers). A bad field is a one-line error."""
 
     block_n1: int = 8
     block_k1: int = 1024
@@ -53,34 +50,13 @@ class MoeBlockConfig:
     num_stages: int = 3
     per_sm: int = 4
 
-    @classmethod
-    def parse(cls, text: str, where: str = "ATHANOR_MOE_BLOCK") -> MoeBlockConfig:
-        """A config from "name=value,..." (the defaults for the rest)."""
-        names = {f.name for f in fields(cls)}
-        values: dict[str, int] = {}
-        for item in filter(None, (part.strip() for part in text.split(","))):
-            name, _, value = item.partition("=")
-            if name not in names or not value.strip().isdigit():
-                raise ConfigError(f"{where}: {item!r} is not name=integer with a name among {sorted(names)}")
-            values[name] = int(value)
-        config = cls(**values)
-        for name, value in asdict(config).items():
-            blocks = name.startswith("block_") or name == "rank_chunk"  # Triton's blocks: powers of two
-            if value < (0 if name == "rank_chunk" else 1) or (blocks and value & (value - 1)):
-                raise ConfigError(f"{where}: {name}={value} must be a positive power of two (rank_chunk may be 0)"
-                                  if blocks else f"{where}: {name}={value} must be positive")
-        return config
-
-
-def moe_block_config() -> MoeBlockConfig:
-    """The GPU config: the defaults, changed by ATHANOR_MOE_BLOCK (read at each launch from Python, i.e. each graph
-    capture: `bench/env_sweep.py` times configs in one process)."""
-    return _parsed(os.environ.get("ATHANOR_MOE_BLOCK", ""))
-
-
-@functools.cache
-def _parsed(text: str) -> MoeBlockConfig:
-    return MoeBlockConfig.parse(text)
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            block = name.startswith("block_") or name == "rank_chunk"  # Triton's blocks: powers of two
+            least = 0 if name == "rank_chunk" else 1
+            if not isinstance(value, int) or value < least or (block and value & (value - 1)):
+                what = ("0 or a power of two" if least == 0 else "a power of two") if block else "a positive integer"
+                raise ConfigError(f"MoeBlockConfig.{name} must be {what}, not {value!r}")
 
 
 @dataclass(frozen=True)
@@ -105,7 +81,8 @@ fails a test instead of hanging the GPU."""
 
 def moe_block(x: Tensor, wo: Tensor, residual: Tensor, router_w: Tensor, norm_weight: Tensor, eps: float, top_k: int,
               scoring: str, renormalize: bool, selection_bias: Tensor | None, w_gate: Tensor, w_up: Tensor,
-              w_down: Tensor, impl: Impl = None, stamps: Tensor | None = None) -> MoeBlockOutput:
+              w_down: Tensor, impl: Impl = None, stamps: Tensor | None = None, *,
+              config: MoeBlockConfig | None = None) -> MoeBlockOutput:
     """The O projection and the MoE block after it, for <= 8 decode rows:
 
         h = residual + x @ wo.T; logits, ids, weights = linear_route(...)   (see `linear_route`)
@@ -115,7 +92,8 @@ def moe_block(x: Tensor, wo: Tensor, residual: Tensor, router_w: Tensor, norm_we
     w_gate, w_up: [E, NI, H]; w_down: [E, H, NI]. In Triton one launch does it all (`jit.moe_block`), bit for bit
     what `linear_route` and the two `expert_gemv` calls give for the same blocks; elsewhere (PyTorch, more rows,
     another scoring) those are called. `stamps` (int64, [programs, 8] at least, on the GPU): each program's clock at
-    the phases' ends (`jit.moe_block`'s TIMING), for `bench/moe_block_phases.py`."""
+    the phases' ends (`jit.moe_block`'s TIMING), to time the phases apart. `config`: the GPU launch's blocks and grid
+    (None: `MoeBlockConfig()`)."""
     m, k = x.shape
     e, hidden = router_w.shape
     ni = w_gate.shape[1]
@@ -157,7 +135,7 @@ def moe_block(x: Tensor, wo: Tensor, residual: Tensor, router_w: Tensor, norm_we
         for phase in (1, 2, 3):  # the interpreter runs programs one after another: no barrier can wait
             moe_block_kernel[(3,)](*args, **flags, **meta, PHASE=phase)
         return MoeBlockOutput(out, h, logits, ids, weights)
-    config = moe_block_config()
+    config = config or MoeBlockConfig()
     meta = {name.upper(): value for name, value in asdict(config).items()
             if name.startswith("block_") or name in ("split_k1", "rank_chunk")}
     launch = {**meta, "num_warps": config.num_warps, "num_stages": config.num_stages}

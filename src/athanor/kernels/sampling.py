@@ -10,8 +10,6 @@ engine and serving paths, not a candidate option: its argmax graph takes `greedy
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import Tensor
 
@@ -33,16 +31,14 @@ def greedy(logits: Tensor, impl: Impl = None) -> Tensor:
         return out
     assert rows <= 1 << 16, "one ticket per row"
     block = 256 if interpreting() else 1024
-    chunk = 2 * block  # 4096 measured the same in the step (`bench/results/route-signal-71ce0f5/`)
+    chunk = 2 * block  # larger chunks are no faster in the step
     parts = cdiv(vocab, chunk)
     values = torch.empty(rows * parts, dtype=torch.float32, device=logits.device)
     indices = torch.empty(rows * parts, dtype=torch.int32, device=logits.device)
     # Under programmatic dependent launch the argmax's programs wait resident for the LM head instead of launching
-    # after it; ATHANOR_ARGMAX_PDL=0 launches it plainly (read at each launch, for A/B runs in one process). Measured
-    # neutral on qwen3-30b-a3b's step (2.4451 ms without, 2.4448-2.4474 with; `bench/results/route-signal-71ce0f5/`).
-    launch = pdl(logits) if os.environ.get("ATHANOR_ARGMAX_PDL", "1") != "0" else {"PDL": False}
+    # after it, as every decode kernel's do.
     argmax_kernel[(rows, parts)](logits, out, values, indices, tickets(logits.device), logits.stride(0), vocab,
-                                 CHUNK=chunk, BLOCK=block, PARTS_P2=next_pow2(parts), **launch)
+                                 CHUNK=chunk, BLOCK=block, PARTS_P2=next_pow2(parts), **pdl(logits))
     return out
 
 

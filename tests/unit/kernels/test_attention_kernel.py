@@ -157,43 +157,38 @@ def test_early_keys_attends_the_same_bits(gen, num_splits):
 
 
 @triton_only
-@pytest.mark.parametrize("var", ["ATHANOR_SPLIT_WARPS", "ATHANOR_MERGE_WARPS"])
-def test_split_and_merge_warps_knobs(gen, monkeypatch, var):
-    """The split and merge kernels' warps (A/B knobs) give the same bits at 1 and 4 (on the interpreter: the
-    plumbing), and a value not offered fails with an error naming the variable."""
+@pytest.mark.parametrize("param", ["split_warps", "merge_warps"])
+def test_split_and_merge_warps_parameters(gen, param):
+    """The split and merge kernels' warps give the same bits at 1 and 4 (on the interpreter: the plumbing), and a
+    value not offered fails with an error naming the parameter."""
     q = torch.randn(2, 4, 16, generator=gen)
     k_cache, v_cache = torch.randn(3, 2, 90, 16, generator=gen), torch.randn(3, 2, 90, 16, generator=gen)
     slots, kv_lens = torch.tensor([2, 0]), torch.tensor([5, 90])
-    monkeypatch.setenv(var, "4")
-    four = decode_attention(q, k_cache, v_cache, slots, kv_lens, num_splits=3, impl="triton")
-    monkeypatch.setenv(var, "1")
-    assert torch.equal(four, decode_attention(q, k_cache, v_cache, slots, kv_lens, num_splits=3, impl="triton"))
-    monkeypatch.setenv(var, "8")
-    with pytest.raises(ConfigError, match=var):
-        decode_attention(q, k_cache, v_cache, slots, kv_lens, num_splits=3, impl="triton")
+    four = decode_attention(q, k_cache, v_cache, slots, kv_lens, num_splits=3, impl="triton", **{param: 4})
+    assert torch.equal(four, decode_attention(q, k_cache, v_cache, slots, kv_lens, num_splits=3, impl="triton",
+                                              **{param: 1}))
+    with pytest.raises(ConfigError, match=param):
+        decode_attention(q, k_cache, v_cache, slots, kv_lens, num_splits=3, impl="triton", **{param: 8})
 
 
 @triton_only
-def test_kv_block_knob_sets_the_tiles_and_the_splits(gen, monkeypatch):
-    """ATHANOR_KV_BLOCK: 16-key tiles give a 90-key cache more splits (`num_kv_splits`) and the same attention up to
-    the merge's rounding, for rows of one tile and of several; a value not offered fails naming the variable. Unset,
+def test_kv_block_parameter_sets_the_tiles_and_the_splits(gen):
+    """kv_block: 16-key tiles give a 90-key cache more splits (`num_kv_splits`) and the same attention up to the
+    merge's rounding, for rows of one tile and of several; a value not offered fails naming the parameter. Unset,
     the tiles are halved (32 keys) only where 64 would give fewer split programs than SMs (8 on the CPU)."""
     from athanor.kernels import num_kv_splits
 
     cpu = torch.device("cpu")
     assert num_kv_splits(1, 1, 200, cpu) == 7  # 4 programs of 64 keys for 8 SMs: 32-key tiles
     assert num_kv_splits(2, 2, 200, cpu) == 4  # 16 programs of 64 keys: 64-key tiles
-    monkeypatch.setenv("ATHANOR_KV_BLOCK", "64")
-    assert num_kv_splits(1, 1, 200, cpu) == 4
-    monkeypatch.delenv("ATHANOR_KV_BLOCK")
+    assert num_kv_splits(1, 1, 200, cpu, kv_block=64) == 4
     q = torch.randn(2, 4, 16, generator=gen)
     k_cache, v_cache = torch.randn(3, 2, 90, 16, generator=gen), torch.randn(3, 2, 90, 16, generator=gen)
     slots, kv_lens = torch.tensor([2, 0]), torch.tensor([5, 90])
-    default_splits = num_kv_splits(2, 2, 90, q.device)
-    monkeypatch.setenv("ATHANOR_KV_BLOCK", "16")
-    assert num_kv_splits(2, 2, 90, q.device) > default_splits
-    out = decode_attention(q, k_cache, v_cache, slots, kv_lens, impl="triton")
+    assert num_kv_splits(2, 2, 90, q.device, kv_block=16) > num_kv_splits(2, 2, 90, q.device)
+    out = decode_attention(q, k_cache, v_cache, slots, kv_lens, impl="triton", kv_block=16)
     torch.testing.assert_close(out, _expected(q, k_cache, v_cache, slots, kv_lens), rtol=1e-4, atol=1e-5)
-    monkeypatch.setenv("ATHANOR_KV_BLOCK", "24")
-    with pytest.raises(ConfigError, match="ATHANOR_KV_BLOCK"):
-        decode_attention(q, k_cache, v_cache, slots, kv_lens, impl="triton")
+    with pytest.raises(ConfigError, match="kv_block"):
+        decode_attention(q, k_cache, v_cache, slots, kv_lens, impl="triton", kv_block=24)
+    with pytest.raises(ConfigError, match="kv_block"):
+        num_kv_splits(2, 2, 90, q.device, kv_block=24)

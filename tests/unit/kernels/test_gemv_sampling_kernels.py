@@ -248,52 +248,47 @@ def test_linear_route_is_the_projection_then_the_router_gemv_then_route(gen, imp
 
 
 @triton_only
-def test_linear_route_ranks_the_same_in_chunks(gen, monkeypatch):
-    """ATHANOR_ROUTE_CHUNK: the routing kernel's ranks counted 8 rivals at a time from stored choosers, and its picks
-    in rounds of one max (`max`), give what all at once in registers (0) gives, bit for bit (3 rows: each its own
-    scratch row)."""
+def test_linear_route_ranks_the_same_in_chunks(gen):
+    """route_chunk: the routing kernel's ranks counted 8 rivals at a time from stored choosers, and its picks in
+    rounds of one max ("max"), give what all at once in registers (0) gives, bit for bit (3 rows: each its own
+    scratch row); route_warps 1 gives the same; values not offered are refused before any launch."""
     experts, hidden, k = 60, 96, 200
     x, w = torch.randn(3, k, generator=gen), torch.randn(hidden, k, generator=gen) / k**0.5
     residual, nw = torch.randn(3, hidden, generator=gen), torch.randn(hidden, generator=gen)
     router_w = torch.randn(experts, hidden, generator=gen)
     call = (x, w, residual, router_w, nw, 1e-5, 4, "softmax", True, None)
-    monkeypatch.setenv("ATHANOR_ROUTE_CHUNK", "0")
-    at_once = linear_route(*call, impl="triton")
-    monkeypatch.setenv("ATHANOR_ROUTE_CHUNK", "8")
-    chunked = linear_route(*call, impl="triton")
+    at_once = linear_route(*call, impl="triton", route_chunk=0)
+    chunked = linear_route(*call, impl="triton", route_chunk=8)
     assert all(torch.equal(a, b) for a, b in zip(at_once, chunked, strict=True))
-    monkeypatch.setenv("ATHANOR_ROUTE_CHUNK", "max")
-    assert all(torch.equal(a, b) for a, b in zip(at_once, linear_route(*call, impl="triton"), strict=True))
-    monkeypatch.setenv("ATHANOR_ROUTE_CHUNK", "6")
-    with pytest.raises(ConfigError, match="ATHANOR_ROUTE_CHUNK"):
-        linear_route(*call, impl="triton")
-    monkeypatch.setenv("ATHANOR_ROUTE_CHUNK", "8")  # the refused call launched nothing: the sums are still zero
-    assert all(torch.equal(a, b) for a, b in zip(chunked, linear_route(*call, impl="triton"), strict=True))
-    monkeypatch.setenv("ATHANOR_ROUTE_WARPS", "8")  # broke the ranks on an H200: refused, as a bad chunk is
-    with pytest.raises(ConfigError, match="ATHANOR_ROUTE_WARPS"):
-        linear_route(*call, impl="triton")
-    monkeypatch.setenv("ATHANOR_ROUTE_WARPS", "1")
-    assert all(torch.equal(a, b) for a, b in zip(chunked, linear_route(*call, impl="triton"), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(at_once, linear_route(*call, impl="triton", route_chunk="max"),
+                                                 strict=True))
+    with pytest.raises(ConfigError, match="route_chunk"):
+        linear_route(*call, impl="triton", route_chunk=6)
+    # the refused call launched nothing: the sums are still zero
+    assert all(torch.equal(a, b) for a, b in zip(chunked, linear_route(*call, impl="triton", route_chunk=8),
+                                                 strict=True))
+    with pytest.raises(ConfigError, match="route_warps"):  # 8 broke the ranks on an H200: refused, as a bad chunk is
+        linear_route(*call, impl="triton", route_chunk=8, route_warps=8)
+    assert all(torch.equal(a, b) for a, b in zip(chunked, linear_route(*call, impl="triton", route_chunk=8,
+                                                                       route_warps=1), strict=True))
 
 
 @triton_only
-def test_linear_route_sums_spread_apart_route_the_same(gen, monkeypatch):
-    """ATHANOR_SUMS_SPREAD: the router's sums 16 or 256 int64s apart (each on its own 128-byte line; 256 more than the
-    array holds for 3 rows of 60 experts, so as far apart as it does) give what packed sums give, bit for bit, and
-    leave the spread sums zero for the next launch; a bad value is refused."""
+def test_linear_route_sums_spread_apart_route_the_same(gen):
+    """sums_spread: the router's sums 16 or 256 int64s apart (each on its own 128-byte line; 256 more than the array
+    holds for 3 rows of 60 experts, so as far apart as it does) give what packed sums give, bit for bit, and leave
+    the spread sums zero for the next launch; a bad value is refused."""
     experts, hidden, k = 60, 96, 200
     x, w = torch.randn(3, k, generator=gen), torch.randn(hidden, k, generator=gen) / k**0.5
     residual, nw = torch.randn(3, hidden, generator=gen), torch.randn(hidden, generator=gen)
     call = (x, w, residual, torch.randn(experts, hidden, generator=gen), nw, 1e-5, 4, "softmax", True, None)
-    monkeypatch.setenv("ATHANOR_SUMS_SPREAD", "1")
-    packed = linear_route(*call, impl="triton")
-    for spread in ("16", "256"):
-        monkeypatch.setenv("ATHANOR_SUMS_SPREAD", spread)
-        assert all(torch.equal(a, b) for a, b in zip(packed, linear_route(*call, impl="triton"), strict=True))
+    packed = linear_route(*call, impl="triton", sums_spread=1)
+    for spread in (16, 256):
+        assert all(torch.equal(a, b) for a, b in zip(packed, linear_route(*call, impl="triton", sums_spread=spread),
+                                                     strict=True))
         assert not router_sums(x.device).any()
-    monkeypatch.setenv("ATHANOR_SUMS_SPREAD", "3")
-    with pytest.raises(ConfigError, match="ATHANOR_SUMS_SPREAD"):
-        linear_route(*call, impl="triton")
+    with pytest.raises(ConfigError, match="sums_spread"):
+        linear_route(*call, impl="triton", sums_spread=3)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from athanor.errors import ConfigError
 from athanor.kernels import (
     HAS_TRITON,
+    MoeBlockConfig,
     RouterLogits,
     expert_gemv,
     group_by_expert,
@@ -87,9 +89,9 @@ def test_route_kernel_breaks_ties_by_lower_index():
 @triton_only
 @pytest.mark.parametrize(("scoring", "with_bias"), [("softmax", False), ("sigmoid", True)])
 def test_rank_logits_by_rounds_of_max_ranks_as_the_rank_count(gen, scoring, with_bias):
-    """`rank_logits` with CHUNK < 0 (TOP_K rounds of one max over packed keys, ATHANOR_ROUTE_CHUNK=max) picks the
-    experts, ranks and weights the rank count (CHUNK 0) does, bit for bit: on ties (the lower index first), negative
-    choosers (a sigmoid's score plus a negative bias), and rows shorter than the block (-inf past E)."""
+    """`rank_logits` with CHUNK < 0 (TOP_K rounds of one max over packed keys, `linear_route(route_chunk="max")`)
+    picks the experts, ranks and weights the rank count (CHUNK 0) does, bit for bit: on ties (the lower index first),
+    negative choosers (a sigmoid's score plus a negative bias), and rows shorter than the block (-inf past E)."""
     experts, top_k = 40, 6
     logits = torch.randn(4, experts, generator=gen)
     logits[1, 3::5] = logits[1, 0]  # ties with the row's first, some among the picks
@@ -230,3 +232,12 @@ def test_moe_block_is_linear_route_then_the_expert_gemvs_bit_for_bit(gen, m, sco
     torch_out = moe_block(*call, impl="torch")
     assert torch.equal(first.ids, torch_out.ids)
     torch.testing.assert_close(first.out, torch_out.out, rtol=1e-4, atol=1e-4)
+
+
+def test_moe_block_config_refuses_what_triton_cannot_launch():
+    """The persistent block's launch config: blocks are powers of two (rank_chunk may be 0), the rest positive; a bad
+    field is a one-line error naming it."""
+    assert MoeBlockConfig(rank_chunk=0, block_k1=2048, per_sm=3).per_sm == 3
+    for field, value in (("block_n1", 6), ("rank_chunk", 12), ("per_sm", 0), ("num_warps", -1)):
+        with pytest.raises(ConfigError, match=f"MoeBlockConfig.{field}"):
+            MoeBlockConfig(**{field: value})

@@ -35,8 +35,8 @@ class _Kernel:
 
 def test_a_pinned_shape_launches_its_config_and_another_shape_is_left_to_the_autotuner(monkeypatch) -> None:
     """On the GPU the table is looked up by the autotuner's key read from the launch's arguments; a hit launches the
-    kernel itself with the pinned meta-parameters, warps and stages on the grid they give; a miss, another dtype, or
-    ATHANOR_PINNED_CONFIGS=0 launches nothing (the caller autotunes)."""
+    kernel itself with the pinned meta-parameters, warps and stages on the grid they give; a miss or another dtype
+    launches nothing (the caller autotunes)."""
     import torch
 
     from athanor.kernels.jit import pinned
@@ -62,6 +62,4 @@ def test_a_pinned_shape_launches_its_config_and_another_shape_is_left_to_the_aut
     assert (kwargs["num_warps"], kwargs["num_stages"], kwargs["NORM"]) == (4, 4, True)
     assert not pinned.launch_pinned(kernel, tuned, lambda meta: (1, 1), args(12288), flags)  # not measured
     assert not pinned.launch_pinned(kernel, tuned, lambda meta: (1, 1), args(16384, torch.float32), flags)
-    monkeypatch.setattr(pinned.dispatch, "PINNED_CONFIGS", False)  # as ATHANOR_PINNED_CONFIGS=0 sets it at import
-    assert not pinned.launch_pinned(kernel, tuned, lambda meta: (1, 1), args(16384), flags)
     assert len(kernel.launches) == 1

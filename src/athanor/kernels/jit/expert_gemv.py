@@ -76,7 +76,7 @@ def expert_gemv_kernel(
     rm = tl.arange(0, 1)
     rstd = tl.zeros([1], tl.float32)
     if NORM:
-        rstd += input_rstd(X + row * x_s0, K, eps, 1, BLOCK_K, RSTD_BLOCK)
+        rstd += input_rstd(X + row * x_s0, K, eps, 1, RSTD_BLOCK)
     acc = tl.zeros([1, BLOCK_N], tl.float32)
     if PREFETCH:
         acc += stream_row(w_first, w_rows, n_mask, K, X + row * x_s0, X2 + row * x_s0, NW, tl.sum(rstd, axis=0),
@@ -112,15 +112,14 @@ def expert_rows(second, A, a_se, a_sn, B, b_se, b_sn, e, col):
     """Pointers [len(col), 1] to rows col of expert e's weight: A's (strides a_se, a_sn) where `second`, else B's.
     The weight is picked once, as scalars: a select between two pointer tiles can hide their contiguity from the
     compiler, which then loads each tile 2 bytes at a time instead of 16 (Triton 3.9 for sm_90: ld.global.b16 and
-    116 registers for the gate/up GEMV's 16 x 256 tile, against ld.global.v4.b32 and 64 this way; Triton 3.6
-    vectorised both; `bench/ptx_loads.py`)."""
+    116 registers for the gate/up GEMV's 16 x 256 tile, against ld.global.v4.b32 and 64 this way)."""
     base = tl.where(second, A + e * a_se, B + e * b_se)
     return base + col[:, None].to(tl.int64) * tl.where(second, a_sn, b_sn)
 
 
 def _expert_configs() -> list[triton.Config]:
-    # BLOCK_K 1024: a down projection's K (768 for qwen3-30b-a3b) in one tile; the persistent MoE block's phases ran
-    # much faster with their K in fewer, larger tiles (`bench/results/moe-block/`).
+    # BLOCK_K 1024: a down projection's K (768 for qwen3-30b-a3b) in one tile; a K in fewer, larger tiles leaves fewer
+    # loads to drain at each unit of work.
     # PREFETCH 1: two tiles in flight a program (`stream_row`) for a few more registers.
     shapes = [(8, 512, 4, 3, 0), (16, 256, 4, 3, 0), (16, 512, 4, 3, 0), (32, 256, 4, 3, 0), (32, 512, 4, 2, 0),
               (64, 128, 4, 3, 0), (8, 1024, 4, 2, 0), (16, 1024, 4, 2, 0),

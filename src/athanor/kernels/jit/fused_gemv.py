@@ -20,8 +20,8 @@ epilogue, then resets the ticket, so one launch does what split-K + a reduce ker
 
 PDL (programmatic dependent launch, see `athanor.kernels.dispatch.pdl`): the program loads its
 first weight tile, which depends on no earlier kernel, before waiting for the previous kernel; and
-it lets the next kernel launch as soon as it starts (EARLY, the default: `dispatch.PDL_EARLY`), or else
-once its weight stream is done, during its epilogue.
+it lets the next kernel launch as soon as it starts (EARLY: the next kernel's programs wait resident and issue
+their first weight loads while this one streams), or else once its weight stream is done, during its epilogue.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def gemv_strip(
     always without split-K, only the strip's last split with it; the [BLOCK_M, BLOCK_N] values it wrote there).
     GATHER (one row): the input row is X's row IDS[0] (X a table: the token embedding), read after the PDL wait.
     EVICT: the weight loads' L2 eviction policy ("evict_first", say: the weight is read once a step)."""
-    if PDL and EARLY:  # let the next kernel's programs become resident now (see dispatch.PDL_EARLY)
+    if PDL and EARLY:  # let the next kernel's programs become resident now
         tl.extra.cuda.gdc_launch_dependents()
     pid_n = tl.program_id(0)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -79,7 +79,7 @@ def gemv_strip(
     rstd = tl.zeros([BLOCK_M], tl.float32)
     if NORM:
         for m in tl.static_range(BLOCK_M):
-            rstd = tl.where(rm == m, input_rstd(X + m * x_s0, K, eps, M - m, BLOCK_K, RSTD_BLOCK), rstd)
+            rstd = tl.where(rm == m, input_rstd(X + m * x_s0, K, eps, M - m, RSTD_BLOCK), rstd)
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc = tile_sums(acc, w_first, k_lo + rk, k_hi, X, X2, NW, M, x_s0, x2_s0, rstd, rm, NORM, SILU, BLOCK_M)
@@ -174,9 +174,8 @@ def fused_gemv_argmax_kernel(
     into BEST: every program that writes a strip of logits takes the maximum of its `argmax_keys` into one of the
     row's SLOTS running maxima with a relaxed 64-bit atomic, which it does not wait for (each slot on its own
     128-byte line: one address for every program would serialise them in L2). `argmax_tokens_kernel`, launched
-    after it, reads the tokens out. Ending in a ticket instead, so that the last program writes the tokens, cost the
-    LM head 61 us (qwen3-30b-a3b's; 225 us llama-3.1-8b's) on an H200: every program then waits for an atomic's
-    round trip before it exits, and two programs an SM stream the weight."""
+    after it, reads the tokens out. Not a ticket, so that the last program writes the tokens: every program would then
+    wait for an atomic's round trip before it exits, and the LM head's weight stream slows by tens of microseconds."""
     done, out = gemv_strip(X, X, W, W, NW, Y, Y, WS, TICKETS, M, N, K, eps, x_s0, 0, w_s0, 0, y_s0,
                            True, False, False, False, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, PDL, EARLY, RSTD_BLOCK,
                            X, False, EVICT)
@@ -216,13 +215,10 @@ def argmax_keys(out, rn, N):
 
 
 @triton.jit
-def input_rstd(X_ROW, K, eps, rows_left, BLOCK_K: tl.constexpr, RSTD_BLOCK: tl.constexpr):
+def input_rstd(X_ROW, K, eps, rows_left, RSTD_BLOCK: tl.constexpr):
     """1 / RMS of the K-long row at X_ROW, read RSTD_BLOCK at a time (`dispatch.rstd_block`: the whole row in one load
-    where it fits), or BLOCK_K at a time, as the weight tiles, when RSTD_BLOCK is 0."""
-    if RSTD_BLOCK == 0:
-        return row_rstd(X_ROW, K, eps, tl.arange(0, BLOCK_K), rows_left, BLOCK_K)
-    else:
-        return row_rstd(X_ROW, K, eps, tl.arange(0, RSTD_BLOCK), rows_left, RSTD_BLOCK)
+    where it fits)."""
+    return row_rstd(X_ROW, K, eps, tl.arange(0, RSTD_BLOCK), rows_left, RSTD_BLOCK)
 
 
 @triton.jit
@@ -254,7 +250,7 @@ def tile_sums(acc, w, ks, k_hi, X, X2, NW, M, x_s0, x2_s0, rstd, rm,
         if SILU:
             up = tl.load(X2 + m * x2_s0 + ks, mask=row_mask, other=0.0)
         r = 0.0
-        if NORM:  # the row's 1/RMS picked out of rstd only where it is used (as before row_input: the same code)
+        if NORM:  # the row's 1/RMS picked out of rstd only where it is used
             r = tl.sum(tl.where(rm == m, rstd, 0.0), axis=0)
         part = _row_sums(w, x, up, nw, r, dtype, NORM, SILU)  # [BLOCK_N]
         acc += tl.where(rm[:, None] == m, part[None, :], 0.0)
