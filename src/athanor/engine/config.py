@@ -89,7 +89,5 @@ class EngineConfig:
             # Autotuning results go to the Triton cache too (keyed by kernel, configs and the GPU's
             # target): a worker that starts again (a respawn after a tainted candidate, the other
             # tier's engines, a resumed run) picks a kernel's config without benchmarking every one.
-            # (At fed760a the first fast-tier evaluations of a call took 40-70 s, later ones ~15 s;
-            # compiling and autotuning were not told apart.)
             "TRITON_CACHE_AUTOTUNING": os.environ.get("TRITON_CACHE_AUTOTUNING", "1"),
         }

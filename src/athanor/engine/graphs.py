@@ -6,9 +6,9 @@ the padding slot `max_seqs`, and the captured graph of decode + sampling for tha
 replayed. On CPU, or for a candidate that is not graph-safe, the same step runs eagerly.
 
 Each bucket has two graphs: decode + `sample` (temperature, top-p: a softmax and a sort over the
-vocabulary, ~0.14 ms a step on an H200 with a 128k vocabulary) and decode + argmax, which a step
-whose every row is greedy replays instead (the caller knows its rows' temperatures on the host).
-Both are captured up front, into one memory pool (never in the middle of a run). A process's first graphs on a
+vocabulary, a real share of a step at a large vocabulary) and decode + argmax, which a step whose
+every row is greedy replays instead (the caller knows its rows' temperatures on the host). Both are
+captured up front, into one memory pool (never in the middle of a run). A process's first graphs on a
 device are captured, dropped and captured again: first graphs replay slower under PDL (`DecodeRunner.capture`).
 """
 
@@ -71,8 +71,8 @@ def check_tokens(tokens: object, num_rows: int, where: str) -> Tensor:
 
 
 def _argmax(logits: Tensor) -> Tensor:
-    """The greedy tokens: one Triton launch on a GPU (~10 us less a step than PyTorch's reductions at a 128k
-    vocabulary), `torch.argmax` elsewhere (never Triton's CPU interpreter, which tests switch on process-wide)."""
+    """The greedy tokens: one Triton launch on a GPU (faster than PyTorch's reductions over a large vocabulary),
+    `torch.argmax` elsewhere (never Triton's CPU interpreter, which tests switch on process-wide)."""
     return argmax(logits, impl="triton" if logits.is_cuda and HAS_TRITON else "torch")
 
 
@@ -173,17 +173,11 @@ class DecodeRunner:
         device = torch.device("cuda", self.device.index if self.device.index is not None else
                               torch.cuda.current_device())
         if device not in _graphs_warmed:
-            # The first graphs a process captures on a device replay slower for as long as they live, under
-            # programmatic dependent launch only: qwen3-30b-a3b's step 2.448 ms against 2.395 in the process's next
-            # cells, its split-KV attention 200 against 131 us a step on the critical path (no difference with
-            # ATHANOR_PDL=0; not where the buffers land: prealloc and cache emptying changed nothing). Captured again
-            # in the same cell they read 2.407 (`bench/results/first-capture-c7c77f1/`). So, as NVIDIA advises for a
-            # new context (create and free a large graph first), the first capture is made and dropped. It is made
-            # on a stream of its own: cuBLAS keeps a workspace per stream, allocated at its first call there, inside
-            # the capture's memory pool; on the stream the kept graphs are captured on, that workspace would lie in
-            # this dropped pool, and the engine's clearing of cuBLAS workspaces would then unmap memory those graphs
-            # write (captured on one stream, the evaluator's worker died of a CUDA error in its first trajectory run;
-            # `bench/results/first-capture-e8191be/`).
+            # The first graphs a process captures on a device replay slower for as long as they live (under
+            # programmatic dependent launch), so, as NVIDIA advises for a new context, a first set is captured and
+            # dropped. On a stream of its own: cuBLAS allocates a stream's workspace at its first call there, inside
+            # the capture's pool, and a workspace the kept graphs use must not lie in the dropped pool (clearing
+            # cuBLAS workspaces would unmap memory they write).
             self._capture_buckets(stream=_throwaway_stream(device))
             self._graphs.clear()
             self._pool = None
@@ -212,8 +206,7 @@ class DecodeRunner:
         if not self._graphs or i == len(self.buckets):
             return None
         fields = GREEDY_INPUTS if greedy else ALL_INPUTS
-        # One multi-tensor launch for the fields of one dtype on a GPU (a greedy step's 4 inputs: 3 launches fewer,
-        # ~1 us each at batch 1), the same copies as `copy_` one by one otherwise.
+        # One multi-tensor launch per dtype rather than one per field: launches are most of a small batch's staging.
         torch._foreach_copy_([getattr(self._in, name)[:num_rows] for name in fields],
                              [getattr(x, name) for name in fields], non_blocking=True)
         self._pad_from(num_rows, fields)

@@ -98,8 +98,8 @@ def _rebind_like_dynamo(torch: Any) -> None:
 
     Dynamo's import wraps torch.manual_seed in `torch._disable_dynamo` (unless it is wrapped already). A
     candidate that compiles (torch.compile, flex attention) imports Dynamo, so without this it reads as one
-    that replaced a torch function. Importing Dynamo here instead would cost every worker ~1 s of its start
-    and every swap a `torch._dynamo.reset()` (the engine tests took 37 s instead of 22)."""
+    that replaced a torch function. Importing Dynamo here instead would cost every worker a second of its
+    start and every swap a `torch._dynamo.reset()`."""
     if torch.manual_seed is torch.random.manual_seed:
         import torch.jit._builtins
 

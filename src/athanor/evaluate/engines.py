@@ -4,9 +4,9 @@ The candidate engine holds the incumbent, a second instance of it (`twin`) and t
 side by side (interleaved timing needs them in one process). The twin is the A/A floor: two
 runs of one resident would share what the last run left warm (its buffers, its caches), an
 advantage the challenger, a different resident, never gets, so the floor would miss a bias
-against every challenger (~1% on CPU, measured). Three residents are exchangeable. The reference engine runs only the baseline forward, in a worker
-that never imports candidate code: a candidate can neither patch it nor read its outputs, and
-its weights digest is the one the candidate engine's must keep.
+against every challenger. Three residents are exchangeable. The reference engine runs only the
+baseline forward, in a worker that never imports candidate code: a candidate can neither patch it
+nor read its outputs, and its weights digest is the one the candidate engine's must keep.
 """
 
 from __future__ import annotations

@@ -68,10 +68,10 @@ def prefill_step(prompts: list[list[int]], slots: list[int], starts: list[int], 
 
 PREFILL_TOKENS = 8192
 """Most tokens one prefill step of a script carries (vLLM's default token budget per step is of this order):
-a decode shape's setup prefills batch x context tokens, 19 x 4096 for an 8B model at its planned slots,
-whose activations alone (a [76k, 14336] MLP intermediate is 2 GiB) ran the reference engine out of memory
-on an H200; longer setups are split into several steps, prompts packed whole where they fit, chunked (as a
-continued prefill) where one is longer than the budget."""
+a decode shape's setup prefills batch x context tokens, whose activations in one step (an 8B model's MLP
+intermediate at 19 x 4096 tokens is 2 GiB) would not fit beside the cache; longer setups are split into
+several steps, prompts packed whole where they fit, chunked (as a continued prefill) where one is longer
+than the budget."""
 
 
 def prefill_steps(prompts: list[list[int]], slots: list[int], starts: list[int], next_tokens: list[int],

@@ -26,8 +26,8 @@ class CompileConfig:
     """A trace file, a saved profile, or `preset:chat|code|agent` (the built-in default needs no file)."""
     budget_s: float = 180.0
     """Wall-clock budget of the search. Proposals stop `reserve_s` before it to leave time for confirming on
-    the slow tier; the first confirmation runs whatever it costs (on a 2-core CPU one confirmation of smollm2,
-    ~225 s, is longer than a 3-minute budget, so such a run takes ~6 minutes), further ones only within it."""
+    the slow tier; the first confirmation runs whatever it costs (on a 2-core CPU one confirmation of smollm2
+    outlasts a 3-minute budget, so such a run takes about twice its budget), further ones only within it."""
     agents: tuple[str, ...] = ("variant",)
     device: str = "cpu"
     dtype: str = ""
@@ -85,30 +85,21 @@ class CompileConfig:
         if not self.on_cpu:
             if tier == "slow":
                 return base
-            # On a GPU an evaluation's cost is its scripts, not its layers (8B on an H200: a fast-tier
-            # decode step is 1.3 ms, its script's set-up and checks seconds), so the screen is made cheap
-            # the same way as on a CPU: one decode shape, half the decode pairs (their intervals stay
-            # within ±0.3%), a capped check, and one round of pairs per shape (no time budget, so no
-            # further rounds: at fed760a those were 6 of a fast-tier evaluation's ~15 s, spent narrowing
-            # an eager prefill's A/A interval from ~±5% towards ±1%, a precision a screen does not need);
-            # the slow tier keeps the defaults and confirms. Prefill keeps its pairs: with 16 (e5e6006)
-            # an eager prefill's A/A interval stayed wider than ±10% in 4 of 10 fast-tier evaluations of
-            # the 8B.
+            # On a GPU an evaluation's cost is its scripts' set-up and checks, not its layers, so the screen is
+            # made cheap as on a CPU: one decode shape, half the decode pairs (a GPU's decode intervals are
+            # narrow), a capped check, and one round of pairs per shape (no time budget: narrowing an interval
+            # further is a precision a screen does not need). Prefill keeps its pairs, as an eager prefill's A/A
+            # interval is wide on fewer. The slow tier keeps the defaults and confirms.
             return replace(base, max_decode_shapes=1, decode_pairs=30, check_tokens=8192, timing_budget_s=0.0)
         # On a 2-core CPU one step of the whole model takes ~0.1-1 s: time fewer pairs (the interval
         # says what that costs in certainty) and only the shapes that carry the workload.
         cpu = replace(base, max_decode_shapes=1, check_tokens=2048, timing_budget_s=0.5, warmup=2,
                       max_seq_len=min(base.max_seq_len, 768))
         if tier == "slow":
-            # A third pooled round when the machine is noisy: the confirmation is the run's verdict, and two rounds on
-            # this 2-core VM left an A/A interval of [0.965, 1.101] (wider than ±10% by 0.001: "too noisy to judge",
-            # no winner) in one demo; a round costs ~5 minutes there, and only when the first two were too noisy.
-            # Twelve prefill pairs, not four: a round's cost is the decode shape's set-up (16 prompts of ~750 tokens
-            # prefilled on each of four engines, ~190 s), a prefill pair ~6 s; on four pairs the same candidate (its
-            # prefill the reference's GEMMs) read x0.82, x0.95, x1.02 and x1.08 on the slow tier in four demos,
-            # and the whole model x1.02-1.23 with it. Thirty decode pairs, not ten: they still fit one prompt round
-            # (the timed context is clipped to leave room for them: ~736 tokens instead of ~756), each costs ~1 s
-            # on the four engines, and ten left the decode interval ±8% wide (run-to-run 9.5%) on this VM.
+            # The confirmation is the run's verdict, so it buys certainty a noisy 2-core machine needs: a third
+            # pooled round, run only when two left the A/A interval too wide; twelve prefill pairs and thirty
+            # decode pairs, as a round's cost is its prompts' set-up rather than its pairs (the decode pairs still
+            # fit one prompt round), and fewer let the same candidate's ratio swing from run to run.
             return replace(cpu, decode_pairs=30, prefill_pairs=12, warmup=1, max_attempts=3)
         return replace(cpu, decode_pairs=16, prefill_pairs=6)
 

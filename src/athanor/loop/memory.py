@@ -5,8 +5,8 @@ candidate engine holds the model's weights and three residents (incumbent, its t
 the reference engine the weights and one resident. Every resident owns a KV cache for
 `max_seqs + 1` slots of `max_seq_len` tokens, and may own copies of layer weights (a fused QKV or
 gate/up projection copies them in build()). On one GPU all of it must fit at once: an 8B model at the
-GPU default of 64 slots x 4096 tokens needs 35 GiB of KV cache per resident, and the fourth engine ran
-out of memory on an H200. So when the slots are not given, the largest count that fits is taken.
+GPU default of 64 slots x 4096 tokens needs 35 GiB of KV cache per resident, more than an H200 holds
+for four engines. So when the slots are not given, the largest count that fits is taken.
 """
 
 from __future__ import annotations

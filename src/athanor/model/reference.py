@@ -25,12 +25,10 @@ from athanor.model.spec import ModelSpec
 
 PREFILL_SDPA = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 """Prefill attention's backends in priority order, without cuDNN's (only CUDA has it). Left to
-choose, torch 2.11 takes cuDNN attention on an H200, which builds an execution plan on the host for every
-sequence length it has not run yet: 60-90 ms per new length for a 6-layer llama-3.1-8b prefill of ~2k tokens
-whose kernels take ~10 ms, against 1-14 ms for flash attention's first run (bench/prefill_cold.py,
-bench/results/prefill-cold/). A server sees new prompt lengths all the time; a baseline that pays a plan per
-length would flatter every candidate that avoids it, and it made the tier benchmark's timings of the
-reference swing by 2-7x with the order of the runs (whichever ran a length first paid its plan). Used as
+choose, torch takes cuDNN attention on a Hopper GPU, which builds an execution plan on the host for every
+sequence length it has not run yet, at several times the cost of the prefill's kernels. A server sees new
+prompt lengths all the time; a baseline that pays a plan per length would flatter every candidate that
+avoids it, and its timings would depend on which run saw a length first. Used as
 `sdpa_kernel(list(PREFILL_SDPA), set_priority=True)`: a tuple, which a candidate sharing the process cannot edit
 in place, and the order set each time, as torch's global priority order is process state a candidate could
 change."""
@@ -193,7 +191,7 @@ class ReferenceForward:
             q, k, v = self._qkv(i, rms_norm(x, m.layer(i, "attn_norm"), eps), positions)
             self.k_cache[i][slots, :, positions] = k
             self.v_cache[i][slots, :, positions] = v
-            # Slice before gathering: advanced indexing of [slots, :, :kv_len] is ~1000x slower on CPU.
+            # Slice before gathering: advanced indexing of [slots, :, :kv_len] is far slower on CPU.
             keys = self.k_cache[i][:, :, :kv_len].index_select(0, slots)  # [B, Hkv, kv_len, D]
             values = self.v_cache[i][:, :, :kv_len].index_select(0, slots)
             x = x + F.linear(decode_attention(q, keys, values, mask), m.layer(i, "wo"))
@@ -205,7 +203,7 @@ def decode_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> T
     """One query per sequence against its cached keys, GQA by grouping query heads per KV head.
 
     q: [B, Hq, D]; keys, values: [B, Hkv, L, D]; mask: [B, L] bool (True = attend). Returns [B, Hq * D].
-    Plain matmuls: for a single query, SDPA's CPU kernels cost ~4x more than these three ops.
+    Plain matmuls: for a single query, SDPA's CPU kernels cost several times these three ops.
     """
     b, hq, d = q.shape
     hkv = keys.shape[1]

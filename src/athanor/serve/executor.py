@@ -105,7 +105,7 @@ class Executor:
         prefill's `tokens` and `positions` are left as the starts (it packs its own)."""
         req = [c.seq.request for c in chunks]
         # One host-to-device copy per dtype, not one per field: each blocking copy from pageable
-        # memory costs the step loop ~10 us of host time, and a batch-1 decode step is ~1-3 ms.
+        # memory costs the step loop host time that a small decode step feels.
         int_rows = [[c.seq.twin_slot if twin else c.seq.slot for c in chunks], [r.seed for r in req],
                     [c.start for c in chunks]]
         if decode:

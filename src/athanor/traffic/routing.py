@@ -12,10 +12,9 @@ experts a batch of b tokens activates (b = 1..max_batch), averaged over layers. 
 Replay (`replay_routing`, i.e. `fit_router_bias` + `apply_router_bias`) fits
 `layers.{i}.router_bias`, the selection-only bias of `reference.route`, so a random-weight
 model's per-layer load matches a target; the replayed model's source names the target profile,
-and so do profiles captured from it. Distinct experts
-per batch then follow from the load and from the correlation of real text tokens in a batch,
-which is why replay inputs must be real text: synthetic inputs were seen to activate 13-38%
-more distinct experts than real traffic (athanor issue 3).
+and so do profiles captured from it. Distinct experts per batch then follow from the load and from
+the correlation of real text tokens in a batch, which is why replay inputs must be real text:
+synthetic inputs activate more distinct experts than real traffic does.
 """
 
 from __future__ import annotations
