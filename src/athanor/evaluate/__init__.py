@@ -6,8 +6,9 @@ Modules, in the order of the cascade (DESIGN.md, "Evaluation cascade"):
 - `static_checks`: the source's imports and constructs;
 - `scripts`: fresh real-text step scripts that every check and timing runs on;
 - `correctness`: tolerance per dtype, greedy agreement, `--bitwise`, the quality budget;
-- `timing`: paired ratios, bootstrap interval, A/A floor, physical limit, the decision;
+- `timing`: paired ratios, bootstrap interval, A/A floor, physical limit, rounds of pairs, the decision;
 - `objective`: GPU-seconds per 1,000 requests from the traffic's workload, tier projection;
+- `figures`: a tier's timed pairs priced and projected into its `TierResult`;
 - `cascade` / `engines`: the stages, the candidate and reference engine workers;
 - `lock`: the device lock; `verdict`: `Verdict`, `Measurement`.
 """

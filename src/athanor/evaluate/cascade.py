@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -26,23 +26,11 @@ from athanor.evaluate import scripts
 from athanor.evaluate.config import EvaluateConfig
 from athanor.evaluate.correctness import QUALITY_SLACK, Comparison, compare
 from athanor.evaluate.engines import IncumbentFailed, ReferenceFailed, TierEngines, twin_of
+from athanor.evaluate.figures import ShapeRuns, tier_figures
 from athanor.evaluate.lock import device_lock
 from athanor.evaluate.static_checks import check_source
-from athanor.evaluate.timing import (
-    ShapeTimes,
-    decide,
-    impossible,
-    is_paired,
-    objective_speedup,
-    pairs_for_budget,
-    physical_floor_s,
-    repeatability,
-    robust_cv,
-    speedup_interval,
-    step_time,
-    too_noisy,
-)
-from athanor.evaluate.verdict import Measurement, Speedup, TierResult, Verdict
+from athanor.evaluate.timing import decide, impossible, next_round_pairs, too_noisy
+from athanor.evaluate.verdict import Speedup, TierResult, Verdict
 from athanor.model.registry import load_spec
 from athanor.provenance import triton_version
 from athanor.traffic import Workload
@@ -118,11 +106,10 @@ class Evaluator:
     def warm(self, engines: TierEngines) -> None:
         """Run an evaluation's scripts once on both engines' incumbents (the twin built too), unread.
 
-        A fresh CUDA worker's first scripts pay one-off costs: each kernel's module loaded at its first
-        launch, library handles and plans, the caching allocator's first growth. On the H200 the reference
-        engine's first correctness script took 2.8 s against 0.6 s after, the candidate engine's 3.5 against
-        1.4 s: costs of the engines' start, which otherwise landed in the first candidate's evaluation, some
-        inside its timed windows."""
+        A fresh CUDA worker's first scripts pay one-off costs (each kernel's module loaded at its first
+        launch, library handles and plans, the caching allocator's first growth) several times a script's
+        own: costs of the engines' start, which would otherwise land in the first candidate's evaluation,
+        some inside its timed windows."""
         cfg = self.config
         timeout_s = cfg.timeouts.check_s
         incumbent = engines.candidates.incumbent
@@ -236,8 +223,6 @@ class Evaluator:
             run.enter("timing" if tier == "fast" else "slow")
             result = self._time(tier, engines, ids, text, seed + 2, run.stage)
             tainted = self._integrity(engines, run.stage)
-            from dataclasses import replace
-
             assert check is not None
             return replace(result, max_abs_err=check.max_abs_err, greedy_agreement=check.greedy_agreement,
                            kl=check.kl, ppl_change=check.ppl_change)
@@ -303,10 +288,9 @@ class Evaluator:
         for attempt in range(cfg.max_attempts):
             for k, shape in enumerate(shapes):
                 per = self._timed_shape(engines, ids, text, shape, seed + 7 * k + 1000 * attempt, stage)
-                # Pooled with the pairs of earlier attempts: on a machine that is noisy throughout (a 2-core VM
-                # whose decode step read a cv of 5-10%), discarding them left every attempt as wide as the
-                # first (the demo's slow tier: A/A [0.994, 1.131], then [0.973, 1.103]: no verdict); more
-                # pairs narrow the interval, and the median-based statistics shrug off a burst in one attempt.
+                # Pooled with the pairs of earlier attempts: on a machine that is noisy throughout, a fresh
+                # start leaves every attempt as wide as the first, while more pairs narrow the interval (and
+                # the median-based statistics shrug off a burst in one attempt).
                 pooled[shape] = per if shape not in pooled else np.concatenate([pooled[shape], per], axis=1)
             times = {shape: (t[0], t[1], t[2]) for shape, t in pooled.items()}
             result = self._figures(tier, times, n, full, engines.bandwidth)
@@ -325,11 +309,7 @@ class Evaluator:
 
     def _timed_shape(self, engines: TierEngines, ids: tuple[str, ...], text: scripts.TextSource,
                      shape: obj.StepShape, seed: int, stage: str) -> np.ndarray:
-        """Step times [sides, pairs] of `shape` (every run verified): the minimum number of pairs, then
-        as many more as the time budget holds at the step time the first ones measured, then, while
-        the shape's A/A interval is wider than `precision`, further rounds up to `max_budget_factor`
-        times the budget (sequential sampling on the incumbent's runs alone, which the candidate
-        cannot steer)."""
+        """Step times [sides, pairs] of `shape`, every run verified, in rounds (`timing.next_round_pairs`)."""
         cfg = self.config
         first = cfg.decode_pairs if shape.kind == "decode" else cfg.prefill_pairs
         chunks: list[np.ndarray] = []
@@ -343,60 +323,14 @@ class Evaluator:
         return np.concatenate(chunks, axis=1)
 
     def _more_pairs(self, chunks: list[np.ndarray], first: int) -> int:
-        """Pairs of the next round of a timed shape, 0 when it is done (see `_timed_shape`)."""
+        """Pairs of the next round of a timed shape, 0 when it is done (`timing.next_round_pairs`)."""
         cfg = self.config
-        times = np.concatenate(chunks, axis=1)
-        done, spent = times.shape[1], float(times.sum())
-        worth = max(8, first // 2)  # a round too small to move the interval is not worth its set-up and checks
-        if len(chunks) == 1:
-            budgeted = pairs_for_budget(chunks[0], cfg.timing_budget_s, first, cfg.max_pairs) - done
-            if budgeted >= worth:
-                return budgeted
-        a, c = times[0], times[2]
-        aa = speedup_interval(a, c, is_paired(a, c))
-        if max(aa.ci_high - 1.0, 1.0 - aa.ci_low) <= cfg.precision:
-            return 0
-        left_s = cfg.max_budget_factor * cfg.timing_budget_s - spent
-        per_pair_s = spent / done
-        more = min(done, cfg.max_pairs - done, int(left_s / per_pair_s))
-        if more < worth:
-            return 0
-        log.info("A/A interval of this shape [%.3f, %.3f] is wider than ±%.1f%%: %d more pairs",
-                 aa.ci_low, aa.ci_high, 100 * cfg.precision, more)
-        return more
+        return next_round_pairs(chunks, first, budget_s=cfg.timing_budget_s, max_pairs=cfg.max_pairs,
+                                precision=cfg.precision, max_budget_factor=cfg.max_budget_factor)
 
-    def _figures(self, tier: str, times: dict[obj.StepShape, tuple[np.ndarray, np.ndarray, np.ndarray]], n: int,
-                 full: int, bandwidth: float) -> TierResult:
-        spec, eb = self.spec, self.dtype_bytes
-        factor = {s: obj.projection_factor(spec, n, full, s, eb) for s in times}
-        inc_full = {s: step_time(a) * factor[s] for s, (a, _, _) in times.items()}
-        cand_full = {s: step_time(b) * factor[s] for s, (_, b, _) in times.items()}
-        inc_total, share = obj.price(self.workload(), spec, inc_full, full, eb)
-        cand_total, _ = obj.price(self.workload(), spec, cand_full, full, eb)
-        paired = {s: is_paired(a, c) for s, (a, _, c) in times.items()}  # the incumbent's runs alone decide
-        # A lossy candidate may read narrower weights than the model's (bf16 copies of fp32, int8): in
-        # quality mode the floor assumes one byte per element, or an honest one would look impossible.
-        fb = 1 if self.config.quality is not None else eb
-        measurements = []
-        for s, (a, b, c) in times.items():
-            if s.kind == "decode":
-                floor_bytes = obj.decode_bytes(spec, n, s.batch_size, s.context_len, fb)
-            else:
-                floor_bytes = obj.head_bytes(spec, fb) + n * obj.layer_weight_bytes(spec, fb)
-            m = Measurement(
-                s.kind, s.batch_size, s.tokens, s.context_len, n, step_time(b), step_time(a),
-                speedup_interval(a, b, paired[s]), share[s] / max(inc_total, 1e-12),
-                physical_floor_s(floor_bytes, bandwidth), paired[s], robust_cv(a), robust_cv(b), repeatability(a, c))
-            measurements.append(m)
-            log.info("%s b=%d t=%d ctx=%d: %d pairs, %s statistic, cv incumbent %.2f%% candidate %.2f%%, "
-                     "run-to-run %.2f%%", s.kind, s.batch_size, s.tokens, s.context_len, len(a),
-                     "per-pair" if m.paired else "quartile", 100 * m.incumbent_cv, 100 * m.candidate_cv,
-                     100 * m.repeatability)
-        speedup = objective_speedup([ShapeTimes(tuple(a), tuple(b), share[s], paired[s])
-                                     for s, (a, b, _) in times.items()])
-        noise = objective_speedup([ShapeTimes(tuple(a), tuple(c), share[s], paired[s])
-                                   for s, (a, _, c) in times.items()])
-        return TierResult(tier, n, tuple(measurements), speedup, noise, cand_total, inc_total)
+    def _figures(self, tier: str, times: ShapeRuns, n: int, full: int, bandwidth: float) -> TierResult:
+        return tier_figures(tier, times, self.spec, self.workload(), n, full, self.dtype_bytes, bandwidth,
+                            lossy=self.config.quality is not None)
 
 
 def _first(text: str) -> str:

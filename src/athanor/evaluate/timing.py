@@ -4,12 +4,11 @@ The engine times candidate (B) and incumbent (A) on the same step, interleaved i
 order per step (`athanor.engine.trajectory`), and the incumbent a second time (A') for the A/A
 floor. Two kinds of noise call for two statistics, and the data say which one it has:
 
-- **Independent, one-sided noise** (a shared CPU): an OS preemption adds ~4 ms to a ~1 ms step in
-  a fifth of the runs, whichever side runs, and the two runs of a step are uncorrelated. The
+- **Independent, one-sided noise** (a shared CPU): an OS preemption adds several step times to
+  some of the runs, whichever side runs, and the two runs of a step are uncorrelated. The
   lower quartile of each side's times estimates the undisturbed step time; the statistic is
   quartile(A) / quartile(B). A per-pair ratio would mix the spikes of both sides into every pair
-  (measured on the 2-core CPU with ~400 pairs: A/A half-width ±1.2% for the quartile ratio,
-  ±1.9% for the median of per-pair ratios).
+  and widen the interval.
 - **Step-correlated, small, symmetric noise** (a GPU): a decode step's time follows its context
   length, a prefill's its chunk length, while runs of the same step repeat within a fraction of
   a percent. A quantile of the pooled times then lands on one or two steps, and its interval is
@@ -25,6 +24,7 @@ is a percentile bootstrap that resamples pairs jointly (a step's A and B stay to
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,6 +32,8 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from athanor.evaluate.verdict import Speedup, Verdict
+
+log = logging.getLogger(__name__)
 
 Times = Sequence[float] | np.ndarray
 
@@ -55,6 +57,34 @@ def pairs_for_budget(first: np.ndarray, budget_s: float, min_pairs: int, max_pai
     run_s = float(np.median(first)) if first.size else 0.0
     want = int(budget_s / (first.shape[0] * run_s)) if run_s > 0 and budget_s > 0 else 0
     return max(min_pairs, min(max_pairs, want))
+
+
+def next_round_pairs(chunks: Sequence[np.ndarray], first: int, *, budget_s: float, max_pairs: int,
+                     precision: float, max_budget_factor: float) -> int:
+    """Pairs of a timed shape's next round, 0 when it is done; `chunks` are its rounds so far
+    ([sides, pairs] each: incumbent, candidate, incumbent's twin), the first of `first` pairs.
+
+    After the first round, as many more as `budget_s` holds at the step time it measured; then, while
+    the shape's A/A interval is wider than `precision`, further rounds up to `max_budget_factor` times
+    the budget. Sequential sampling on the incumbent's runs alone, which the candidate cannot steer."""
+    times = np.concatenate(list(chunks), axis=1)
+    done, spent = times.shape[1], float(times.sum())
+    worth = max(8, first // 2)  # a round too small to move the interval is not worth its set-up and checks
+    if len(chunks) == 1:
+        budgeted = pairs_for_budget(chunks[0], budget_s, first, max_pairs) - done
+        if budgeted >= worth:
+            return budgeted
+    a, c = times[0], times[2]
+    aa = speedup_interval(a, c, is_paired(a, c))
+    if max(aa.ci_high - 1.0, 1.0 - aa.ci_low) <= precision:
+        return 0
+    left_s = max_budget_factor * budget_s - spent
+    more = min(done, max_pairs - done, int(left_s / (spent / done)))
+    if more < worth:
+        return 0
+    log.info("A/A interval of this shape [%.3f, %.3f] is wider than ±%.1f%%: %d more pairs",
+             aa.ci_low, aa.ci_high, 100 * precision, more)
+    return more
 
 
 def step_time(times_s: Times) -> float:
@@ -195,9 +225,8 @@ def worth_confirming(verdict: Verdict, margin: float = 0.01) -> bool:
     median that clears the bar its interval did not.
 
     The fast tier is a screen and the slow tier the proof. A screen that demanded its own interval clear
-    the bar dropped real winners on the 2-core CPU: the demo's best-known candidate read x1.086
-    [1.023, 1.131] on the fast tier, under a bar of ~1.03, and the session confirmed nothing. Its
-    interval at 6 of 30 layers, 16 pairs, is that wide. The slow tier's interval still decides what wins.
+    the bar would drop real winners: on a CPU the fast tier's interval (a fifth of the layers, few pairs)
+    is wider than a real speedup. The slow tier's interval still decides what wins.
     """
     if verdict.accepted:
         return True
