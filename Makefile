@@ -50,7 +50,7 @@ test: $(VENV)/.installed-test
 # failing fails.
 lint: $(VENV)/.installed-test
 	@status=0; \
-	$(BIN)/ruff check src tests bench || status=1; \
+	$(BIN)/ruff check src tests bench scripts || status=1; \
 	$(BIN)/mypy || status=1; \
 	$(BIN)/python scripts/check_history.py src || status=1; \
 	exit $$status
