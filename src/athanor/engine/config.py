@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from athanor import settings
+
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -76,7 +78,7 @@ class EngineConfig:
     def compile_cache_dir(self) -> Path:
         if self.cache_dir:
             return Path(self.cache_dir)
-        return Path.home() / ".cache" / "athanor" / "compile"
+        return settings.cache_dir() / "compile"
 
     def cache_env(self) -> dict[str, str]:
         """Environment that points every compiler cache at the shared directory."""
