@@ -55,7 +55,7 @@ class EngineConfig:
     scratch_dir: str = ""
     """The worker's scratch root (candidates get a directory each under it)."""
     cache_dir: str = ""
-    """Shared on-disk Inductor / Triton / CUDA caches, kept across swaps and respawns; empty: ~/.cache/athanor/compile."""
+    """Shared on-disk Inductor / Triton / CUDA caches, kept across swaps and respawns; empty: compile/ under athanor.settings.cache_dir()."""
     socket_path: str = ""
     """Unix socket the worker serves on (a filesystem path: it works across network namespaces)."""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
