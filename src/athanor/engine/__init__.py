@@ -6,7 +6,8 @@ Who owns what (see DESIGN.md, "The persistent engine"):
 - `worker` / `core`: the process (sandbox, model load, RPC loop) and the engine's state;
 - `graphs` / `sampling`: static decode buffers, CUDA graphs, sampling inside the graph;
 - `client` / `supervisor`: the caller's side: `EngineClient`, `ZmqEngineClient`, `Supervisor`;
-- `sandbox` / `watch` / `isolation`: confinement, violation reports, namespace restore.
+- `sandbox` / `violations` / `isolation`: confinement, violation reports, namespace restore;
+- `candidate_dir`: the deployable directory a compile writes and a server reads.
 
 This package's `__init__` imports nothing heavy: the worker enters its sandbox before torch loads.
 """

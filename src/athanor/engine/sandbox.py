@@ -4,7 +4,7 @@
 (before torch is imported): a new user namespace cannot be entered by a multi-threaded
 process, and Landlock restricts the calling thread and the threads it creates afterwards, so
 every thread the worker ever runs is confined. Nothing here is a Python-level check a
-candidate could walk around; `athanor.engine.watch` only *reports* attempts.
+candidate could walk around; `athanor.engine.violations` only *reports* attempts.
 
 - network: `unshare(CLONE_NEWNET)` (as root), else `CLONE_NEWUSER | CLONE_NEWNET`; the new
   namespace has only a loopback that is down. Landlock (ABI >= 4) also refuses TCP bind/connect.

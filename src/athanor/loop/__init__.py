@@ -1,4 +1,4 @@
-"""The controller: one compile session (`compile_session`), and later the continuous watch cycle."""
+"""The controller: one compile session (`compile_session`), and the continuous watch cycle (`watch`)."""
 
 from athanor.loop.config import CompileConfig
 from athanor.loop.session import CompileReport, compile_session

@@ -19,6 +19,7 @@ import shutil
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from athanor.engine.candidate_dir import write_candidate_dir
 from athanor.evaluate import Verdict
 from athanor.provenance import environment
 
@@ -100,9 +101,7 @@ def write_report(session: Session, elapsed_s: float, interrupted: bool) -> dict[
             summary["precision"].update(winner_kl=_finite(verdict.tiers[-1].kl),
                                         winner_ppl_change=_finite(verdict.tiers[-1].ppl_change))
         fast = session.fast_verdicts.get(winner_id)
-        winner_dir.mkdir(parents=True, exist_ok=True)
-        (winner_dir / "candidate.py").write_text(cand.source)
-        (winner_dir / "manifest.json").write_text(json.dumps(dataclasses.asdict(cand.manifest), indent=2) + "\n")
+        write_candidate_dir(cand, winner_dir)
         record = {"slow": verdict.to_dict(), "fast": fast.to_dict() if fast else None, "traffic": cfg.traffic,
                   "model": cfg.model, "environment": summary["environment"], "precision": summary["precision"]}
         if "incumbent" in summary:

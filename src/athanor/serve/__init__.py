@@ -10,7 +10,8 @@ Who owns what (see DESIGN.md, "serve/"):
   DecodeRunners) plus the step loop of continuous batching. Requests go in, tokens come out; there
   is no round trip per decode step.
 - `messages`: the typed JSON messages between the two; `config`: every knob, with its default.
-- `bench` (`athanor bench serve`) and `watch` (`athanor watch`) are clients of a running server.
+- `athanor bench serve` (in `athanor.bench`) and `athanor watch` (in `athanor.loop`) are clients of a
+  running server.
 
 Nothing here imports torch at module level except the worker-side modules.
 """
