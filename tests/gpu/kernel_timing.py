@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from athanor.moves.decode_bench import time_steps
+from athanor.bench.timing import time_steps
 
 BF16 = {"rtol": 2e-2, "atol": 2e-2}
 

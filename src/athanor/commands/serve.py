@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from pathlib import Path
 
@@ -65,7 +64,7 @@ def _register_bench(bench_sub: argparse._SubParsersAction) -> None:
     b.add_argument("--slo-ttft", type=float, default=2.0, help="TTFT SLO in seconds (goodput)")
     b.add_argument("--slo-tpot", type=float, default=0.2, help="TPOT SLO in seconds (goodput)")
     b.add_argument("--concurrency", type=int, default=64, help="requests in flight at most")
-    b.add_argument("--json", required=True, help="where to write the record")
+    b.add_argument("--json", default="", help="where to write the record (default: print only)")
     b.set_defaults(func=cmd_bench_serve)
 
 
@@ -108,19 +107,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_serve(args: argparse.Namespace) -> int:
-    from athanor.serve.bench import BenchOptions, bench_serve
+    from athanor.bench.record import write_record, written
+    from athanor.bench.serve import BenchOptions, bench_serve
 
     record = bench_serve(BenchOptions(
         url=args.url, trace=args.trace, speedup=args.speedup, max_requests=args.max_requests, model=args.model,
         max_input=args.max_input, max_output=args.max_output, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot,
         concurrency=args.concurrency))
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
+    out = write_record(record, args.json)
     s = record["summary"]
     print(f"{s['completed']}/{s['requests']} ok, {s['output_tokens_per_s']:.1f} tok/s, "
           f"TTFT p50 {s['ttft_s']['p50']:.3f}s, TPOT p50 {s['tpot_s']['p50']:.4f}s, "
-          f"goodput {s['goodput_requests_per_s']:.2f} req/s  -> {out}")
+          f"goodput {s['goodput_requests_per_s']:.2f} req/s" + written(out))
     return 0 if s["failed"] == 0 else 1
 
 

@@ -177,6 +177,16 @@ class Engine:
         self._cleanup()
         return p.AckReply()
 
+    def close(self) -> None:
+        """Drop every resident candidate, the active one included, and free what they held.
+
+        The end of an engine driven in its caller's process (a benchmark); a worker instead drops candidates
+        one at a time through `drop`, which keeps the active one."""
+        for cid in list(self.residents):
+            self._release(self.residents.pop(cid))
+        self.active = None
+        self._cleanup()
+
     def _release(self, resident: Resident) -> None:
         resident.runner.release()
         unload_module(resident.module.__name__)

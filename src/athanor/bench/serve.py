@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from athanor.bench.record import provenance
 from athanor.errors import ConfigError
 from athanor.traffic.parsers import read_columns
 
@@ -138,8 +139,6 @@ def bench_serve(options: BenchOptions) -> dict[str, Any]:
     """Replay and summarise; the JSON record (with per-request samples)."""
     if options.speedup <= 0 or options.max_requests < 1:
         raise ConfigError("--speedup must be > 0 and --max-requests >= 1")
-    from athanor.provenance import environment
-
     samples, duration, model = asyncio.run(_replay(options))
     ok = [s for s in samples if s.ok]
     good = [s for s in ok if s.ttft_s <= options.slo_ttft_s and (s.output_tokens <= 1 or s.tpot_s <= options.slo_tpot_s)]
@@ -153,6 +152,7 @@ def bench_serve(options: BenchOptions) -> dict[str, Any]:
         "itl_s": _percentiles([x for s in ok for x in s.itl_s]), "e2e_s": _percentiles([s.e2e_s for s in ok]),
     }
     errors = sorted({s.error for s in samples if not s.ok})[:5]
-    return {"benchmark": "serve", "model": model, "options": asdict(options), "client_environment": environment("cpu"),
-            "summary": summary, "errors": errors,
+    # The provenance is the client's: the record is made where the replay ran.
+    return {"benchmark": "serve", "model": model, "options": asdict(options), **provenance("cpu"), "summary": summary,
+            "errors": errors,
             "samples": [{**asdict(s), "itl_s": None, "tpot_s": s.tpot_s} for s in samples]}

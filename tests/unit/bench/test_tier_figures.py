@@ -1,22 +1,14 @@
-"""The tier benchmark's equal-budget replay (bench/tiers.py): what each strategy is charged."""
+"""The tier benchmark's equal-budget replay (`athanor bench tiers`): what each strategy is charged."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+import json
 from pathlib import Path
 from typing import Any
 
-BENCH = Path(__file__).resolve().parents[3] / "bench"
+import pytest
 
-
-def _tiers() -> Any:
-    sys.path.insert(0, str(BENCH))  # tiers.py imports its sibling _record
-    spec = importlib.util.spec_from_file_location("bench_tiers", BENCH / "tiers.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from athanor.bench import tier_figures as tiers
 
 
 def _row(i: int, fast_s: float, slow_s: float, accepted: bool = True) -> dict[str, Any]:
@@ -26,7 +18,6 @@ def _row(i: int, fast_s: float, slow_s: float, accepted: bool = True) -> dict[st
 
 
 def test_each_strategy_pays_its_engines_start_once() -> None:
-    tiers = _tiers()
     rows = [_row(i, 10.0, 50.0) for i in range(40)]
     free = tiers.equal_budget(rows, 480.0, 120.0)
     assert (free["fast_slow"]["screened"], free["slow_only"]["evaluated"]) == (36, 9)
@@ -41,15 +32,14 @@ def test_each_strategy_pays_its_engines_start_once() -> None:
 
 def test_the_slow_tier_start_is_charged_only_to_a_screen_that_confirms() -> None:
     rows = [_row(i, 10.0, 50.0, accepted=False) for i in range(40)]
-    replay = _tiers().equal_budget(rows, 480.0, 120.0, {"fast": 25.0, "slow": 40.0})
+    replay = tiers.equal_budget(rows, 480.0, 120.0, {"fast": 25.0, "slow": 40.0})
     assert replay["fast_slow"]["confirmed"] == 0 and replay["fast_slow"]["wall_s"] == 25.0 + 33 * 10.0
 
 
 def test_startup_figures_are_the_median_over_calls(tmp_path: Path) -> None:
-    tiers = _tiers()
     assert tiers.startup_figures(tmp_path) == {"fast": 0.0, "slow": 0.0}  # a run recorded before
     for fast, slow in ((8.0, 10.0), (11.0, 14.0), (9.0, 12.0)):
-        tiers._record_startup(tmp_path, "cuda", fast, slow)
+        tiers.record_startup(tmp_path, "cuda", fast, slow)
     assert tiers.startup_figures(tmp_path) == {"fast": 9.0, "slow": 12.0}
 
 
@@ -59,7 +49,6 @@ def test_the_replay_keeps_what_compile_would_after_confirming_here() -> None:
     from athanor.loop.config import CompileConfig
     from athanor.loop.reserve import MARGIN
 
-    tiers = _tiers()
     rows = [_row(i, 10.0, 50.0 + i % 3) for i in range(40)]
     startup = {"fast": 25.0, "slow": 40.0}
     config = CompileConfig(model="tiny-dense", device="cuda", budget_s=480.0)
@@ -70,3 +59,25 @@ def test_the_replay_keeps_what_compile_would_after_confirming_here() -> None:
     assert replay["fast_slow"]["within_budget"]
     assert not tiers.equal_budget(rows, 480.0, 10.0, startup)["fast_slow"]["within_budget"]  # too small: runs over
     assert tiers.replay_reserve([_row(0, 10.0, 50.0) | {"slow_stage": "not run"}], config, startup) == 120.0
+
+
+def test_a_recorded_run_is_replayed_under_the_current_rules(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from athanor.cli import main
+
+    rows = [_row(i, 10.0, 50.0) for i in range(40)]
+    recorded = tmp_path / "tiers.json"
+    recorded.write_text(json.dumps({"model": "tiny-dense", "device": "cuda", "candidates": rows,
+                                    "equal_budget": {"startup_s": {"fast": 25.0, "slow": 40.0}}}))
+    out = tmp_path / "replayed.json"
+    assert main(["bench", "tiers", "--replay", str(recorded), "--budget", "480", "--json", str(out)]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"-> {out}")
+    record = json.loads(out.read_text())
+    assert record["benchmark"] == "tiers-replay" and record["replayed"] == str(recorded)
+    # What compile keeps after confirming here (the slow tier's start + one evaluation), and the default beside it.
+    from athanor.loop.reserve import MARGIN
+
+    assert record["equal_budget"]["reserve_s"] == pytest.approx(MARGIN * (40.0 + 50.0))
+    assert record["equal_budget"]["fast_slow"]["screened"] == int((480.0 - MARGIN * 90.0 - 25.0) // 10.0)
+    assert record["equal_budget_default_reserve"]["reserve_s"] == 120.0
+    assert record["equal_budget_default_reserve"]["fast_slow"]["screened"] == 33

@@ -1,4 +1,4 @@
-"""The swap benchmark: what a persistent engine saves over a cold start per experiment.
+"""`athanor bench swap`: what a persistent engine saves over a cold start per experiment.
 
 Measures, on one model loaded by the worker from files on disk:
 - cold start: process spawn to the baseline built and its first decode step done;
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from athanor import provenance
+from athanor.bench.record import provenance
 from athanor.engine import protocol as p
 from athanor.engine.candidate import Candidate, baseline_candidate
 from athanor.engine.client import check
@@ -102,7 +102,7 @@ def bench_swap(model: str, device: str = "cpu", dtype: str = "", num_swaps: int 
         twin = Candidate.from_source(base.source + "\n# the same forward, another candidate\n",
                                      parent=base.manifest.content_hash, description="baseline twin")
         record: dict[str, Any] = {"benchmark": "swap", "model": model, "config": dataclasses.asdict(config),
-                                  **provenance.environment(device)}
+                                  **provenance(device)}
         with Supervisor(config, incumbent=base) as engine:
             record["cold_start_s"] = engine.start()
             record["sandbox"] = list(engine.health().sandbox)

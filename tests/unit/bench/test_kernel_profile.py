@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from athanor.moves.decode_bench import critical_path
+from athanor.bench.kernel_profile import critical_path
 
 
 def test_overlapping_kernels_own_only_what_they_add_and_the_shares_sum_to_the_wall() -> None:

@@ -1,0 +1,64 @@
+"""`athanor bench compile`: one whole compile session, as a user runs it, and what it found.
+
+The figures: the session's wall time against its budget, the candidates screened on the fast tier and confirmed on
+the slow tier, the verified winner's speedup over the reference with its interval (device-seconds per 1,000
+requests of the traffic), and the winner's batch-1 decode step through `athanor bench decode`'s path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from athanor.bench.decode import decode_cell
+from athanor.bench.record import default_device, default_dtype, provenance
+from athanor.loop import CompileConfig, compile_session
+
+log = logging.getLogger(__name__)
+
+
+def bench_compile(config: CompileConfig, run_dir: str | Path | None = None, decode_context: int = 1024) -> dict[str, Any]:
+    """Run `config`'s session into `run_dir` (None: a temporary directory) and return the record; `decode_context`
+    > 0 also times the winner's batch-1 decode step at that context."""
+    device = default_device(config.device)
+    with tempfile.TemporaryDirectory(prefix="athanor-bench-compile-") as tmp:
+        out = Path(run_dir) if run_dir else Path(tmp) / "run"
+        config = dataclasses.replace(config, device=torch.device(device).type, out_dir=out)
+        t = time.perf_counter()
+        report = compile_session(config, on_event=log.info)
+        wall_s = time.perf_counter() - t
+        summary = report.summary
+        per_tier = summary.get("candidates_evaluated", {}).get("per_tier", {})
+        record: dict[str, Any] = {
+            "benchmark": "compile", "model": config.model, "traffic": config.traffic, "budget_s": config.budget_s,
+            "agents": list(config.agents), "seed": config.seed, **provenance(device), "wall_s": wall_s,
+            "screened": per_tier.get("fast", 0), "confirmed": per_tier.get("slow", 0),
+            "verified": report.verified, "interrupted": report.interrupted, "winner_id": report.winner_id,
+            "speedup": report.speedup, "reason": summary.get("reason", ""), "report": summary,
+        }
+        winner = out / "winner" / "candidate.py"
+        if report.verified and decode_context > 0 and winner.is_file():
+            dtype = default_dtype(device, config.dtype)
+            record["winner_decode"] = decode_cell(config.model, 1, decode_context, str(winner), device=device,
+                                                  dtype=dtype, iters=20, min_time_s=0.5)
+    return record
+
+
+def summary_line(record: dict[str, Any]) -> str:
+    """The session in one line: wall time, candidates, and the winner's speedup and decode step."""
+    head = (f"{record['model']} on {record['device_name']}: {record['wall_s']:.0f} s for a {record['budget_s']:.0f} s "
+            f"budget, {record['screened']} screened, {record['confirmed']} confirmed")
+    if not record["verified"]:
+        return f"{head}; no verified winner: {record['reason']}"
+    s = record["speedup"]
+    line = f"{head}; winner {record['winner_id']} x{s['median']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}]"
+    cell = record.get("winner_decode")
+    if cell and cell.get("status") == "ok":
+        line += f", batch-1 decode at context {cell['context']}: {cell['ms_per_token']:.3f} ms/token"
+    return line
