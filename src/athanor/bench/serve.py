@@ -19,7 +19,7 @@ import httpx
 import numpy as np
 
 from athanor.bench.record import provenance
-from athanor.errors import ConfigError
+from athanor.errors import AthanorError, ConfigError
 from athanor.traffic.parsers import read_columns
 
 log = logging.getLogger(__name__)
@@ -66,15 +66,19 @@ def _percentiles(values: list[float]) -> dict[str, float]:
 
 
 def _token_pool(model: str, n: int) -> list[int]:
-    """Token ids of real text (the model's tokenizer over the corpus), or small ids without a tokenizer."""
-    from athanor.traffic.corpus import encoded_sentences
+    """Token ids of real text: the model's tokenizer over the corpus, or without one (a random preset) the corpus's
+    bytes, as ids within its vocabulary."""
+    from athanor.model.registry import load_spec, load_tokenizer
+    from athanor.traffic.corpus import encoded_sentences, sentences
 
     try:
-        from athanor.model.registry import load_tokenizer
-
         flat = [t for s in encoded_sentences(load_tokenizer(model)) for t in s]
-    except Exception:  # a model served without a tokenizer (random preset) takes any small ids
-        flat = list(range(100, 1100))
+    except AthanorError:
+        try:
+            vocab = load_spec(model).vocab_size
+        except AthanorError:  # a served name that is no model here: bytes are ids every vocabulary holds
+            vocab = 257
+        flat = [b % (vocab - 1) + 1 for s in sentences() for b in s.encode()]
     while len(flat) < n:
         flat = flat + flat
     return flat

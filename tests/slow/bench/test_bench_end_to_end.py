@@ -1,0 +1,89 @@
+"""The benchmarks that start engines, servers or whole sessions, end to end on a tiny preset on the CPU: each writes
+one record with its provenance and prints its summary last. Tens of seconds each, hence the slow tier."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from athanor.cli import main
+
+pytestmark = pytest.mark.slow
+
+PROVENANCE = ("date", "git_commit", "device", "device_name", "gpu", "python", "torch", "triton", "command")
+
+
+def _run(argv: list[str], out: Path, capsys: pytest.CaptureFixture[str]) -> tuple[dict[str, Any], list[str]]:
+    assert main(["bench", *argv, "--json", str(out)]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed and printed[-1].endswith(f"-> {out}")
+    record = json.loads(out.read_text())
+    assert set(PROVENANCE) <= set(record) and record["device"] == "cpu"
+    return record, printed
+
+
+def test_evaluate_gives_the_noise_floor_and_a_verdict_on_the_planted_candidate(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record, printed = _run(["evaluate", "--model", "tiny-dense", "--device", "cpu", "--runs", "2", "--pairs", "8",
+                            "--prefill-pairs", "8", "--max-pairs", "32", "--budget", "0.1"], tmp_path / "e.json", capsys)
+    assert record["benchmark"] == "evaluate" and len(record["runs"]) == 2 and len(printed) == 3
+    for run in record["runs"]:  # the reference against itself reaches timing, with its A/A interval and shapes
+        assert run["stage"] == "timing" and run["aa"]["ci_low"] <= 1.0 <= run["aa"]["ci_high"] and run["shapes"]
+    assert record["planted"]["stage"] in ("accepted", "timing") and "planted faster candidate" in printed[-1]
+
+
+def test_compile_records_the_session_and_its_candidates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record, printed = _run(["compile", "--model", "tiny-dense", "--device", "cpu", "--budget", "5s", "--max-seqs", "4",
+                            "--max-seq-len", "64", "--decode-context", "16", "--out", str(tmp_path / "run")],
+                           tmp_path / "c.json", capsys)
+    assert record["benchmark"] == "compile" and record["screened"] >= 1 and record["wall_s"] > 0
+    assert (tmp_path / "run" / "report.json").is_file() and record["report"]["run_id"]
+    assert len(printed) == 1 and f"{record['screened']} screened" in printed[0]
+
+
+def test_reference_against_hf_transformers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record, printed = _run(["reference", "--model", "tiny-dense", "--steps", "4", "--prompt-len", "16",
+                            "--repeats", "1"], tmp_path / "r.json", capsys)
+    assert all(len(v) == 1 and v[0] > 0 for v in record["runs"].values()) and record["ratio"] > 0
+    assert len(printed) == 2 and printed[1].startswith("tiny-dense fp32 CPU")
+
+
+def test_one_stream_through_the_server_against_the_bare_step(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    record, printed = _run(["serve-stream", "--model", "tiny-dense", "--device", "cpu", "--requests", "2",
+                            "--prompt-tokens", "8", "--max-tokens", "8", "--iters", "3"], tmp_path / "s.json", capsys)
+    assert [r["completion_tokens"] for r in record["server"]["requests"]] == [8, 8]
+    assert record["bare"]["status"] == "ok" and record["ratio"] > 0 and printed[-1].startswith("ratio")
+
+
+def test_batching_against_one_request_at_a_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record, _ = _run(["serve-batching", "--model", "tiny-dense", "--device", "cpu", "--concurrency", "2",
+                      "--requests-per-client", "1", "--max-tokens", "4"], tmp_path / "b.json", capsys)
+    assert record["one_at_a_time"]["output_tokens"] == 4 and record["concurrent"]["output_tokens"] == 8
+    assert record["speedup"] > 0
+
+
+def test_a_trace_replayed_against_a_running_server(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from athanor.serve.launch import ServerProcess
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:46.{i:06d},{8 + i},{3 + i % 2}\n" for i in range(4)))
+    with ServerProcess(["--model", "tiny-dense", "--max-seqs", "4", "--max-seq-len", "64"],
+                       tmp_path / "serve.log") as server:
+        record, printed = _run(["serve", "--url", server.url, "--trace", str(trace), "--max-requests", "4"],
+                               tmp_path / "t.json", capsys)
+    assert record["summary"]["completed"] == 4 and record["summary"]["failed"] == 0 and "4/4 ok" in printed[-1]
+
+
+def test_tiers_ranks_two_candidates_on_both_tiers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record, printed = _run(["tiers", "--model", "tiny-dense", "--candidates", "2", "--budget", "60", "--max-seqs", "4",
+                            "--max-seq-len", "64", "--run-dir", str(tmp_path / "run")], tmp_path / "t.json", capsys)
+    assert len(record["candidates"]) == 2 and record["on_both"] == 2 and len(printed) == 4
+    assert (tmp_path / "run" / "startup.json").is_file()
+    again, _ = _run(["tiers", "--model", "tiny-dense", "--report", "--run-dir", str(tmp_path / "run")],
+                    tmp_path / "again.json", capsys)  # the figures of the run so far, nothing evaluated
+    assert [r["candidate_id"] for r in again["candidates"]] == [r["candidate_id"] for r in record["candidates"]]
