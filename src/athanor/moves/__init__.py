@@ -1,9 +1,10 @@
 """The library of known forward-pass variants that search composes into candidates.
 
-- `MOVES`: one `Move` per option of the template candidate (`templates/fast.py`), with its
-  allowed values, its baseline value and what it does.
-- `render(template, options) -> str`: a candidate source with those options; `read_options`
-  parses them back. The variant search samples `search_space(moe)` and renders.
+- `MOVES`: one `Move` per option of the template candidate (the pieces under `templates/fast/`), with
+  its allowed values, its baseline value and what it does.
+- `render(template, options) -> str`: a candidate source, one file composed from the template's pieces,
+  with those options; `read_options` parses them back. The variant search samples `search_space(moe)`
+  and renders.
 - `best_candidate(spec, device)`: the hand-picked best-known render for dense or MoE models.
 """
 
