@@ -65,17 +65,17 @@ MOVES: tuple[Move, ...] = (
          "batch attending over views of each slot's cache (no gather copy; not graph-safe): the CPU's choice. "
          "'triton_fused' (decode): the split-KV kernel also does RoPE, Qwen3's q/k norms and the KV-cache write "
          "(the rope option then serves prefill only), and the last split of each KV head to finish merges the "
-         "splits: one kernel between the QKV and O projections instead of three. Measured on an H200 at batch 1: "
-         "no faster alone, and 2-3% slower in the whole step, so not the best-known choice there. "
+         "splits: one kernel between the QKV and O projections instead of three. On an H200 at batch 1 it is no "
+         "faster alone and slower in the whole step, so not the best-known choice there. "
          "'torch_flex' (CPU): the same views as 'torch_per_seq' through flex attention compiled by Inductor, one "
-         "fused pass over each row's keys and values (2-core CPU, batch 16, ~750 keys: 1.63 vs 2.25 ms a layer); "
-         "compiles once per process (seconds).",
+         "fused pass over each row's keys and values, faster than 'torch_per_seq' at decode batches on a small "
+         "CPU; compiles once per process (seconds).",
          cpu_only=("torch_flex",)),
     Move("sdpa", (None, "math", "flash_attention", "efficient_attention", "cudnn_attention"), None,
          "Prefill attention's scaled_dot_product_attention backend: None takes the reference's (flash, then "
          "efficient attention, then math); 'cudnn_attention' is torch 2.11's own "
-         "choice on an H200, which builds a host-side plan for every sequence length it has not run (60-90 ms "
-         "per new length for ~2k tokens, more than 6 layers' kernels); "
+         "choice on an H200, which builds a host-side plan for every sequence length it has not run, costing "
+         "more than the layers' kernels for each new length; "
          "'math' is the unfused reference kernel (it materialises the scores, so it loses on long prompts but "
          "can win on many short ones); 'flash_attention', 'efficient_attention' and 'cudnn_attention' (CUDA "
          "only) are preferred where they apply, with math as the fallback (e.g. for masks a backend does not "
@@ -93,10 +93,10 @@ MOVES: tuple[Move, ...] = (
          "projection's, the residual adds in the O and down projections' epilogue: 7 kernels per layer "
          "instead of ~12. Helps at batch 1-4, where each small kernel costs more in launch and tail than "
          "its bytes; the weight read must still match cuBLAS. 'onednn' (CPU, any batch): every linear layer "
-         "through oneDNN on weights reordered once in build() (a copy of them): on the 2-core CPU 1.3-1.5x at 16 "
-         "rows, 2.2x on SmolLM2's LM head, 1.06-1.17x at 384-token prefills; 'cublas' there is MKL's sgemm. "
-         "'onednn_decode' (CPU): oneDNN for 2-32 rows only (decode batches), MKL for one row and for prefills: on "
-         "the 2-core AVX2 VM at one thread oneDNN was 0.3-0.9x at one row and a 384-token prefill 5-13% slower.",
+         "through oneDNN on weights reordered once in build() (a copy of them), faster than MKL's sgemm (what "
+         "'cublas' runs there) at decode batches and on large LM heads. 'onednn_decode' (CPU): oneDNN for 2-32 "
+         "rows only (decode batches), MKL for one row and for prefills, where oneDNN is slower on a small AVX2 "
+         "CPU at one thread.",
          cpu_only=("onednn", "onednn_decode")),
     Move("silu_mul", ("torch", "triton"), "torch",
          "SiLU(gate) * up in one Triton kernel reading the halves of a fused gate|up output in place "
@@ -116,8 +116,8 @@ MOVES: tuple[Move, ...] = (
              "no serial tail; 'triton_o_epilogue' (the same layer): the O projection sums the router's logits as "
              "it writes each strip of the residual stream (fixed point, order-free), so the router's GEMV costs no "
              "launch; 'triton_moe_block' (the same layer): that, and routing and the experts' gate/up and down GEMVs, "
-             "in one persistent launch with grid-wide waits where the four kernel boundaries were (measured slower "
-             "on an H200: qwen3-30b-a3b 3.24 against 2.59 ms); elsewhere all act as 'triton'."),
+             "in one persistent launch with grid-wide waits where the four kernel boundaries were (slower than "
+             "'triton_o_epilogue' on an H200); elsewhere all act as 'triton'."),
     Move("compile", (None, "default", "max-autotune-no-cudagraphs"), None,
          "torch.compile the decode step (dynamic=False; never 'reduce-overhead': the engine captures graphs). "
          "Fuses the remaining torch elementwise work; costs compile time per batch bucket (tens of seconds "
@@ -128,55 +128,48 @@ MOVES: tuple[Move, ...] = (
     Move("merge_early", (False, True), False, cuda_only=(True,),
          doc="With attention='triton_split_kv' under programmatic dependent launch: the merge kernel lets the O "
              "projection launch right after its wait, so the O GEMV's programs load their first weight tiles while "
-             "the merge runs (else they launch as it exits). H200, batch 1: llama-3.2-1b 0.900 vs 0.912 ms; "
-             "qwen3-30b-a3b 2.991 vs 2.903 ms, whose larger O projection's early loads slowed the merge. Changes "
-             "no value."),
+             "the merge runs (else they launch as it exits). A large O projection's early loads can slow the merge "
+             "instead. Changes no value."),
     Move("early_keys", (False, True), False, cuda_only=(True,),
          doc="With attention='triton_split_kv' under programmatic dependent launch: each split program loads its "
              "first tile of cached keys and values (written by earlier steps) before waiting for the kernel that "
              "wrote q and the new token's key, and reads that one key again after the wait, so the cache's bytes "
-             "stream while the QKV projection finishes. H200, batch 1, context 1024: qwen3-30b-a3b 2.561 vs "
-             "2.569 ms, llama-3.2-1b 0.875 vs 0.879, llama-3.1-8b 4.207 vs 4.190. Changes no value."),
+             "stream while the QKV projection finishes. A small gain on an H200 at batch 1 for MoE and small dense "
+             "models, a loss on llama-3.1-8b. Changes no value."),
     Move("split_early", (False, True), False, cuda_only=(True,),
          doc="With attention='triton_split_kv' under programmatic dependent launch: the split kernel lets the merge "
              "kernel launch as it starts, so the merge's programs wait resident for it instead of launching once "
-             "its last program exits. H200, batch 1, context 1024: qwen3-30b-a3b 2.530 vs 2.554 ms (2.521 with "
-             "merge_early too), llama-3.2-1b 0.872 vs 0.876, llama-3.1-8b 4.214 vs 4.149. Changes no value."),
+             "its last program exits. A small gain on an H200 at batch 1 for MoE (more with merge_early) and small "
+             "dense models, a loss on llama-3.1-8b. Changes no value."),
     Move("lm_head", ("linear", "triton_fused", "triton_greedy"), "linear",
          doc="With gemv='triton_fused', at the rows it takes: the final RMSNorm inside the LM head's GEMV (the fused "
              "GEMV with its norm prologue) instead of a norm kernel and then cuBLAS (MKL on a CPU): one launch fewer, "
              "and under programmatic dependent launch the LM head's programs load their first weight tiles while "
-             "the last layer ends. H200, batch 1: qwen3-30b-a3b's LM head 138 us (~4.5 TB/s) against cuBLAS's 147 "
-             "(~4.2), the step 2.409 vs 2.424 ms; with embedding='triton' too llama-3.2-1b 0.869 vs 0.880, "
-             "llama-3.1-8b 4.167 vs 4.188. 'triton_greedy': that, and in a step whose rows are all greedy the "
+             "the last layer ends; on an H200 the Triton GEMV also streams the vocabulary's weight faster than cuBLAS. "
+             "'triton_greedy': that, and in a step whose rows are all greedy the "
              "argmax too (the forward's `decode_greedy`): each LM head program folds its strip's argmax into the "
              "row's running maxima with one atomic, a one-program kernel reads the tokens out, and the engine's "
-             "argmax kernel goes. H200, batch 1: qwen3-30b-a3b 2.397-2.398 vs 2.401-2.402 ms, llama-3.2-1b 0.861-0.862 "
-             "vs 0.863-0.865; llama-3.1-8b 4.168 at its best config vs 4.115 (slower). The logits are the "
-             "fused LM head's, bit for bit where both launch one config."),
+             "argmax kernel goes: a small gain on an H200 at batch 1, except at hidden size 4096 (llama-3.1-8b), "
+             "where it is slower. The logits are the fused LM head's, bit for bit where both launch one config."),
     Move("embedding", ("torch", "triton", "triton_qkv_prologue"), "torch",
          doc="The decode step's token embedding as a Triton gather that, under programmatic dependent launch, lets "
              "the next kernel launch as it starts: the first layer's QKV GEMV loads its first weight tiles while "
-             "the rows are gathered (after F.embedding's kernel it launches only as that ends). H200, batch 1: "
-             "qwen3-30b-a3b 2.420 vs 2.424 ms. 'triton_qkv_prologue': at one row on the fused layer with "
+             "the rows are gathered (after F.embedding's kernel it launches only as that ends). "
+             "'triton_qkv_prologue': at one row on the fused layer with "
              "rope='triton_qkv_epilogue', the first layer's QKV kernel reads its row from the embedding itself "
-             "(and writes it out for the O projection's residual add): no gather launch; neutral on the H200 "
-             "(qwen3-30b-a3b 2.400-2.402 vs 2.401-2.402 ms, 2.398 with lm_head='triton_greedy' either way). "
+             "(and writes it out for the O projection's residual add): no gather launch; neutral on an H200. "
              "Changes no value."),
     Move("evict_weights", (None, "experts", "all"), None, cuda_only=("experts", "all"),
          doc="The fused-GEMV layer (batch 1) reads weights with L2's evict-first policy (`ld...L2::cache_hint`; a "
              "hint: no value changes): 'experts' the routed experts' GEMVs only (MoE), 'all' every projection's and "
              "the LM head's too. Every weight is read once a step and no layer's fits L2 beside the next's, so "
-             "keeping them is worth nothing. H200, batch 1: qwen3-30b-a3b 2.378-2.379 ms with 'all', 2.383 with "
-             "'experts', against 2.397-2.399; llama-3.1-8b 4.222 against 4.118 with 'all' (slower); llama-3.2-1b "
-             "0.851 against 0.847-0.863."),
+             "keeping them is worth nothing. On an H200 at batch 1 'all' helps MoE models most and slows "
+             "llama-3.1-8b's fused GEMVs."),
     Move("linear_dtype", (None, "bfloat16"), None, lossy=True,
          doc="Linear layers (every projection, the dense and shared-expert MLPs, the LM head) run on bf16 copies "
              "of their weights made in build(): activations are cast to bf16 and each result back to the model "
-             "dtype. On a CPU with avx512_bf16 the bf16 GEMMs are 2-3.5x faster than fp32 at decode shapes "
-             "(2-core CPU, smollm2 shapes: LM head 49152x576 at 16 rows 18.4 vs 5.3 ms, at 1 row 9.7 vs 3.3 ms; "
-             "MLP 3072x576 at 16 rows 565 vs 293 us); on a GPU with an fp32 model it halves the weight bytes "
-             "read. Routed experts and the router stay in the model dtype (a bf16 router flips top-k choices "
+             "dtype. On a CPU with avx512_bf16 the bf16 GEMMs are several times faster than fp32 at decode shapes; "
+             "on a GPU with an fp32 model it halves the weight bytes read. Routed experts and the router stay in the model dtype (a bf16 router flips top-k choices "
              "near ties for a negligible [E, H] GEMM). Does nothing when the model dtype is already bf16. "
              "Lossy: quality mode only."),
 )
