@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +24,17 @@ from athanor.loop import CompileConfig, compile_session
 log = logging.getLogger(__name__)
 
 
-def bench_compile(config: CompileConfig, run_dir: str | Path | None = None, decode_context: int = 1024) -> dict[str, Any]:
+def bench_compile(config: CompileConfig, run_dir: str | Path | None = None, decode_context: int = 1024,
+                  on_event: Callable[[str], None] = log.info) -> dict[str, Any]:
     """Run `config`'s session into `run_dir` (None: a temporary directory) and return the record; `decode_context`
-    > 0 also times the winner's batch-1 decode step at that context."""
+    > 0 also times the winner's batch-1 decode step at that context. `on_event` receives the session's progress
+    lines."""
     device = default_device(config.device)
     with tempfile.TemporaryDirectory(prefix="athanor-bench-compile-") as tmp:
         out = Path(run_dir) if run_dir else Path(tmp) / "run"
         config = dataclasses.replace(config, device=torch.device(device).type, out_dir=out)
         t = time.perf_counter()
-        report = compile_session(config, on_event=log.info)
+        report = compile_session(config, on_event=on_event)
         wall_s = time.perf_counter() - t
         summary = report.summary
         per_tier = summary.get("candidates_evaluated", {}).get("per_tier", {})

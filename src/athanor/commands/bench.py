@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -198,7 +199,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     config = CompileConfig(model=args.model, traffic=args.traffic, budget_s=parse_duration(args.budget),
                            agents=tuple(parse_agent_names(args.agents)), device=args.device or "", dtype=args.dtype,
                            seed=args.seed, max_seqs=args.max_seqs, max_seq_len=args.max_seq_len)
-    record = bench_compile(config, run_dir=args.out or None, decode_context=args.decode_context)
+    record = bench_compile(config, run_dir=args.out or None, decode_context=args.decode_context,
+                           on_event=lambda line: print(line, file=sys.stderr, flush=True))  # progress; the summary last
     _done(record, args, [summary_line(record)])
     return 0
 
