@@ -7,6 +7,10 @@ candidate directory (what a server deploys now): then the reference forward is t
 contender proposed, and a winner is a candidate confirmed faster than that incumbent. Correctness
 is always judged against the reference. Everything lands in the run's store as it happens, so
 Ctrl-C keeps every result and `--resume` continues the run.
+
+The search ends when the budget (read on the session's `clock`) runs out, when every agent has
+nothing new to propose, or after `max_candidates` proposals: a caller that needs a run of known
+length (a test, a benchmark) bounds it by candidates or by a clock it controls, not by wall time.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from athanor.traffic import TrafficProfile, load_profile
 
 log = logging.getLogger(__name__)
 Events = Callable[[str], None]
+Clock = Callable[[], float]
+"""Seconds on a monotonic scale (`time.monotonic`): what the session measures its budget on."""
 
 
 @dataclass(frozen=True)
@@ -60,9 +66,19 @@ def _variant_factory(config: CompileConfig) -> Callable[..., Agent]:
 
 
 class Session:
-    def __init__(self, config: CompileConfig, on_event: Events) -> None:
+    def __init__(self, config: CompileConfig, on_event: Events, *, clock: Clock = time.monotonic,
+                 max_candidates: int | None = None) -> None:
+        if max_candidates is not None and max_candidates < 1:
+            raise ValueError(f"max_candidates must be at least 1 (or None), not {max_candidates}")
         self.config = config
         self.emit = on_event
+        self.clock = clock
+        """The budget's clock: the search stops, and confirmations past the first are skipped, by its reading
+        (what a run and a confirmation cost, the report's and the reserve's figures, is wall time all the same)."""
+        self.max_candidates = max_candidates
+        """Proposals screened in this session after which the search stops (None: the budget alone stops it)."""
+        self.screened = 0
+        """Proposals screened so far in this session (the reference as a contender is nobody's proposal)."""
         # Every input is checked before anything is written, so a bad flag leaves no half-made run.
         self.profile: TrafficProfile = load_profile(config.traffic)
         from athanor.model.registry import load_spec
@@ -150,8 +166,8 @@ class Session:
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> CompileReport:
         cfg = self.config
-        start = time.monotonic()
-        deadline = start + cfg.budget_s
+        started = time.monotonic()
+        deadline = self.clock() + cfg.budget_s
         interrupted = False
         fast = Evaluator(cfg.evaluate_config("fast"))
         slow = Evaluator(cfg.evaluate_config("slow"))
@@ -176,7 +192,7 @@ class Session:
         finally:
             fast.close()
             slow.close()
-        summary = write_report(self, time.monotonic() - start, interrupted)
+        summary = write_report(self, time.monotonic() - started, interrupted)
         status = "interrupted" if interrupted else "finished"
         self.store.finish_run(self.run_id, status=status, summary=summary)
         return CompileReport(self.run_id, cfg.out_dir, bool(summary["verified"]), summary.get("winner_id"),
@@ -188,7 +204,7 @@ class Session:
         if self.incumbent is not None and self.reference.id not in (self.incumbent.id, *self.fast_verdicts):
             self._screen(fast, self.reference)
         active = {a.name: a for a in self.agents}
-        while time.monotonic() < until and active:
+        while not self._search_over(until) and active:
             agent = active[self.budget.choose(list(active))]
             try:
                 proposals = agent.propose(self._context())
@@ -202,7 +218,7 @@ class Session:
                 del active[agent.name]
                 continue
             for proposal in proposals:
-                if time.monotonic() >= until:
+                if self._search_over(until):
                     break
                 cand = Candidate.from_source(proposal.source, parent=proposal.parent_id, author=proposal.author,
                                              description=proposal.description)
@@ -211,6 +227,11 @@ class Session:
                                          author=proposal.author, description=proposal.description,
                                          manifest=cand.manifest.__dict__)
                 self._screen(fast, cand)
+                self.screened += 1
+
+    def _search_over(self, until: float) -> bool:
+        """The budget's search share is spent, or `max_candidates` proposals are screened."""
+        return self.clock() >= until or (self.max_candidates is not None and self.screened >= self.max_candidates)
 
     def _screen(self, fast: Evaluator, cand: Candidate) -> None:
         """Time one candidate on the fast tier against the baseline; record it and tell the agents."""
@@ -232,7 +253,7 @@ class Session:
             self.emit("no candidate passed the fast tier's screen: nothing to confirm")
         for i, verdict in enumerate(ranked):
             # The first confirmation always runs (a session without one has no verified result).
-            if self.slow_verdicts and time.monotonic() >= deadline:
+            if self.slow_verdicts and self.clock() >= deadline:
                 break
             cand = self.sources[verdict.candidate_id]
             started = time.monotonic()
@@ -304,6 +325,10 @@ def _model_summary(spec: Any, config: CompileConfig) -> str:
                if quality is not None else ""))
 
 
-def compile_session(config: CompileConfig, on_event: Events = log.info) -> CompileReport:
-    """Run one compile session (see the module docstring) and write its report and winner."""
-    return Session(config, on_event).run()
+def compile_session(config: CompileConfig, on_event: Events = log.info, *, clock: Clock = time.monotonic,
+                    max_candidates: int | None = None) -> CompileReport:
+    """Run one compile session (see the module docstring) and write its report and winner.
+
+    `clock` is what the budget is measured on; `max_candidates` stops the search after that many proposals are
+    screened (None: the budget, or agents with nothing left to propose, stop it)."""
+    return Session(config, on_event, clock=clock, max_candidates=max_candidates).run()

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from athanor.cli import main
+from athanor.engine.candidate import Candidate, baseline_candidate
 from athanor.errors import ConfigError
 from athanor.evaluate import EvaluateConfig, Evaluator, QualityBudget
 from athanor.loop import CompileConfig, compile_session
@@ -25,35 +29,65 @@ def _config(out: Path, **kw) -> CompileConfig:
 
 
 @pytest.mark.timing  # its verdict rests on measured speed: run alone (Makefile `test`)
-def test_the_whole_loop_on_a_tiny_preset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ATHANOR_CACHE", str(tmp_path / "cache"))  # where the confirmation's cost is recorded
+def test_the_whole_loop_on_a_tiny_preset(tmp_path: Path, cost_records: Path, plant: Callable[..., Any],
+                                         write_slow_candidate: Callable[[Path], Candidate]) -> None:
+    """Compile to a verified winner on the CPU, its outcome certain: one planted honest candidate (the reference
+    forward under another id) against an incumbent twice as slow (the reference running every step twice). The
+    budget's clock stands still, so the run's length is its candidates: the incumbent's contender (the reference)
+    and the planted one. The variant search over a wall-clock budget is the slow tier's
+    (tests/slow/test_compile_slow.py)."""
+    slow = write_slow_candidate(tmp_path / "incumbent")
+    honest = Candidate.from_source(baseline_candidate().source + "\n# the reference forward under another id\n",
+                                   description="the reference forward, planted")
+    agent = plant(honest)
     events: list[str] = []
-    config = _config(tmp_path / "run")
-    report = compile_session(config, on_event=events.append)
-    assert f"({config.reserve_s():.0f} s kept to confirm)" in events[0]  # nothing recorded before: the default
+    config = _config(tmp_path / "run", agents=("planted",), incumbent=tmp_path / "incumbent")
+    report = compile_session(config, on_event=events.append, clock=lambda: 0.0, max_candidates=1)
+    log = "\n".join(events)
+    assert f"({config.reserve_s():.0f} s kept to confirm)" in events[0], log  # nothing recorded before: the default
+    fast = [line for line in events if line.startswith("[fast]")]
+    reference = baseline_candidate().id
+    assert [line.split()[1] for line in fast] == [reference, honest.id], log  # the reference is the first contender
+    assert report.verified and report.winner_id in (reference, honest.id), log
+    assert [ev.candidate_id for ev in agent.observed if ev.tier == "fast"][-1] == honest.id  # the agent was told
+
     data = json.loads((tmp_path / "run" / "report.json").read_text())
-    assert data["run_id"] == report.run_id and data["verified"] == report.verified
-    assert data["candidates_evaluated"]["per_agent"].get("variant", 0) >= 1
-    assert (tmp_path / "run" / "report.md").read_text().startswith("# athanor compile: tiny-dense")
-    assert any(line.startswith("[fast]") for line in events)
+    assert data["run_id"] == report.run_id and data["verified"] is True and data["winner_id"] == report.winner_id
+    assert data["candidates_evaluated"]["per_agent"] == {"reference": 1, "planted": 1}
+    assert data["incumbent"]["id"] == slow.id and data["incumbent"]["dir"] == str(tmp_path / "incumbent")
+    assert data["speedup"]["against"] == "incumbent" and data["speedup"]["incumbent_id"] == slow.id
+    assert data["speedup"]["ci_low"] > 1.0
+    md = (tmp_path / "run" / "report.md").read_text()
+    assert md.startswith("# athanor compile: tiny-dense") and f"incumbent `{slow.id}`" in md
     with open_store(tmp_path / "run") as store:
         run = store.get_run(report.run_id)
         assert run is not None and run.status == "finished"
         evaluations = store.evaluations(report.run_id)
         assert len(evaluations) == sum(data["candidates_evaluated"]["per_tier"].values())
         assert all(ev.stage for ev in evaluations)
+        # The screen's cheaper projection is confirmed first, and accepted: the run's one confirmation.
+        screened = {ev.candidate_id: ev for ev in evaluations if ev.tier == "fast"}
+        assert set(screened) == {reference, honest.id}
+        confirmed = [ev for ev in evaluations if ev.tier == "slow"]
+        assert [ev.candidate_id for ev in confirmed] == [report.winner_id] and confirmed[0].accepted
+        assert report.winner_id == min(screened.values(), key=lambda ev: ev.figures["gpu_s_per_1k_requests"]
+                                       ).candidate_id
         # A first confirmation timed to the end is recorded: the next run's reserve is what it cost.
-        slow = [ev for ev in evaluations if ev.tier == "slow"]
-        timed = bool(slow) and "slow" in dict(slow[0].figures.get("stages", []))
-    assert (measured_reserve(config.confirmation_key) is not None) == timed
-    if report.verified:
-        winner = tmp_path / "run" / "winner"
-        assert (winner / "candidate.py").is_file() and (winner / "manifest.json").is_file()
-        assert json.loads((winner / "verification.json").read_text())["slow"]["accepted"] is True
+        assert "slow" in dict(confirmed[0].figures["stages"])
+    assert measured_reserve(config.confirmation_key) is not None
+    winner = tmp_path / "run" / "winner"
+    assert (winner / "candidate.py").is_file() and (winner / "manifest.json").is_file()
+    verification = json.loads((winner / "verification.json").read_text())
+    assert verification["slow"]["accepted"] is True and verification["slow"]["incumbent_id"] == slow.id
+    # A resume must time against the same incumbent (checked before anything is written).
+    with pytest.raises(ConfigError, match=f"--incumbent: run {report.run_id} .* incumbent {slow.id}"):
+        compile_session(dataclasses.replace(config, incumbent=None, resume=True))
 
 
-@pytest.mark.timing  # its verdict rests on measured speed: run alone (Makefile `test`)
 def test_interrupt_keeps_results_and_resume_continues(tmp_path: Path) -> None:
+    """Ctrl-C keeps what was evaluated, and --resume screens only what is new. Both sessions are interrupted at
+    their first screen: bounded by candidates, not by a budget (a resumed run that ends on its own is the slow
+    tier's, tests/slow/test_compile_slow.py)."""
     out = tmp_path / "run"
 
     def interrupt_after_first(line: str) -> None:
@@ -66,14 +100,22 @@ def test_interrupt_keeps_results_and_resume_continues(tmp_path: Path) -> None:
         assert store.get_run(first.run_id).status == "interrupted"  # type: ignore[union-attr]
         done = {ev.candidate_id for ev in store.evaluations(first.run_id)}
     assert len(done) == 1
+    assert json.loads((out / "report.json").read_text())["interrupted"] is True
     with pytest.raises(ConfigError, match="--resume"):
         compile_session(_config(out))
-    second = compile_session(_config(out, resume=True, budget_s=15.0), on_event=lambda _: None)
-    assert second.run_id == first.run_id and not second.interrupted
+    events: list[str] = []
+
+    def resumed_interrupt_after_first(line: str) -> None:
+        events.append(line)
+        interrupt_after_first(line)
+
+    second = compile_session(_config(out, resume=True), on_event=resumed_interrupt_after_first)
+    assert second.run_id == first.run_id and second.interrupted
+    assert events[0] == f"resuming run {first.run_id} (1 evaluations so far)", events
     with open_store(out) as store:
         evaluations = store.evaluations(first.run_id)
     fast_ids = [ev.candidate_id for ev in evaluations if ev.tier == "fast"]
-    assert len(fast_ids) > 1 and len(set(fast_ids)) == len(fast_ids)  # nothing evaluated twice
+    assert len(fast_ids) == 2 and set(fast_ids) > done  # one more, nothing evaluated twice
 
 
 def test_bad_configuration(tmp_path: Path) -> None:
@@ -128,7 +170,6 @@ def test_cli_quality_budget_errors_are_one_line(tmp_path: Path, capsys: pytest.C
     assert not out.exists()
 
 
-@pytest.mark.timing  # its verdict rests on measured speed: run alone (Makefile `test`)
 def test_quality_mode_is_recorded_and_kept_on_resume(tmp_path: Path) -> None:
     out = tmp_path / "run"
     budget = QualityBudget(max_kl=0.01, max_ppl_increase=0.02)

@@ -23,9 +23,8 @@ from athanor.engine.candidate import Candidate
 from athanor.serve.launch import ServerProcess
 from athanor.traffic import read_columns
 
-pytestmark = pytest.mark.timing  # its verdicts rest on measured speed: run alone (see Makefile `test`)
+pytestmark = pytest.mark.slow  # two watch processes, a server and a 40 s recompile: a few minutes on 2 cores
 
-TRACES = Path(__file__).resolve().parents[3].parent / "shared" / "traces"
 MODEL = "tiny-dense"
 
 
@@ -45,11 +44,11 @@ def _watch(log: Path, server: str, token_file: Path, state: Path) -> list[str]:
     return done.stdout.splitlines()
 
 
-def test_watch_recompiles_once_and_deploys_once(tmp_path: Path, write_slow_candidate: Callable[[Path], Candidate]) -> None:
-    code, conv = TRACES / "azure_llm_2023_code.csv", TRACES / "azure_llm_2023_conv.csv"
+def test_watch_recompiles_once_and_deploys_once(tmp_path: Path, shared_traces: Path,
+                                                write_slow_candidate: Callable[[Path], Candidate]) -> None:
+    code, conv = shared_traces / "azure_llm_2023_code.csv", shared_traces / "azure_llm_2023_conv.csv"
     if not (code.is_file() and conv.is_file()):
-        pytest.skip(f"the shared traces are not in {TRACES}")
-    pytest.importorskip("athanor.loop", reason="athanor.loop.compile_session has not landed yet")
+        pytest.skip(f"the Azure code and conversation traces are not in {shared_traces}")
     token = tmp_path / "token"
     token.write_text("watch-token\n")
     auth = {"Authorization": "Bearer watch-token"}

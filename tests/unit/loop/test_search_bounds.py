@@ -1,0 +1,109 @@
+"""What ends a compile session's search and confirmations: a candidate count, the budget's clock, agents with
+nothing to propose. The evaluator is a stand-in that judges at once (the bounds are under test, not the judging)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from athanor.engine.candidate import Candidate, baseline_candidate
+from athanor.evaluate import Verdict
+from athanor.loop import CompileConfig
+from athanor.loop.session import Session
+
+
+class Clock:
+    """A budget clock that moves only when told to."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class StandIn:
+    """An evaluator that spends `cost_s` of the clock per candidate and returns `verdict(candidate)` at once."""
+
+    def __init__(self, clock: Clock, cost_s: float, verdict: Callable[[Candidate, Candidate], Verdict]) -> None:
+        self.config = SimpleNamespace(margin=0.01)
+        self.clock, self.cost_s, self.verdict = clock, cost_s, verdict
+        self.judged: list[str] = []
+
+    def evaluate(self, candidate: Candidate, incumbent: Candidate) -> Verdict:
+        self.clock.now += self.cost_s
+        self.judged.append(candidate.id)
+        return self.verdict(candidate, incumbent)
+
+
+def refused(candidate: Candidate, incumbent: Candidate) -> Verdict:
+    return Verdict(candidate.id, incumbent.id, accepted=False, stage="correctness", reason="stand-in", wall_s=1.0)
+
+
+def _session(tmp_path: Path, clock: Clock, **kw: Any) -> Session:
+    config = CompileConfig(model="tiny-dense", traffic="preset:chat", budget_s=100.0, out_dir=tmp_path / "run",
+                           max_seqs=8, max_seq_len=256, agents=kw.pop("agents", ("variant",)))
+    return Session(config, lambda line: None, clock=clock, **kw)
+
+
+def test_max_candidates_stops_the_search_whatever_the_budget(tmp_path: Path) -> None:
+    clock = Clock()
+    session = _session(tmp_path, clock, max_candidates=3)
+    fast = StandIn(clock, 0.0, refused)
+    session._search(fast, until=float("inf"))  # type: ignore[arg-type]
+    assert len(fast.judged) == 3 == len(set(fast.judged)) == session.screened
+    assert len(session.store.evaluations(session.run_id)) == 3  # each recorded as it was judged
+
+
+def test_the_budget_clock_stops_the_search(tmp_path: Path) -> None:
+    clock = Clock()
+    session = _session(tmp_path, clock)
+    fast = StandIn(clock, 10.0, refused)
+    session._search(fast, until=25.0)  # type: ignore[arg-type]
+    assert len(fast.judged) == 3 and clock.now == 30.0  # judged at 0, 10 and 20 s; at 30 s the share is spent
+
+
+def test_an_agent_with_nothing_new_ends_the_search(tmp_path: Path, plant: Callable[..., Any]) -> None:
+    base = baseline_candidate().source
+    plant(*(Candidate.from_source(base + f"\n# planted {i}\n") for i in range(2)))
+    clock = Clock()
+    session = _session(tmp_path, clock, agents=("planted",))
+    fast = StandIn(clock, 1.0, refused)
+    session._search(fast, until=float("inf"))  # type: ignore[arg-type]
+    assert len(fast.judged) == 2
+
+
+def test_the_first_confirmation_runs_past_the_deadline_and_no_other(tmp_path: Path) -> None:
+    clock = Clock()
+    session = _session(tmp_path, clock)
+    incumbent = baseline_candidate()
+    costs = itertools.count(1.0)
+    for i in range(3):
+        cand = Candidate.from_source(incumbent.source + f"\n# screened {i}\n")
+        session.sources[cand.id] = cand
+        session.fast_verdicts[cand.id] = Verdict(cand.id, incumbent.id, accepted=True, stage="accepted", reason="",
+                                                 status="accepted", gpu_s_per_1k_requests=next(costs))
+    cheapest = min(session.fast_verdicts.values(), key=lambda v: v.gpu_s_per_1k_requests).candidate_id
+
+    def slow_refused(candidate: Candidate, incumbent: Candidate) -> Verdict:
+        return Verdict(candidate.id, incumbent.id, accepted=False, stage="slow", reason="stand-in", wall_s=1.0)
+
+    clock.now = 50.0
+    slow = StandIn(clock, 5.0, slow_refused)
+    session._confirm(slow, deadline=40.0, margin=0.01)  # type: ignore[arg-type]
+    assert slow.judged == [cheapest]  # the best screened first, though the budget was spent; then none
+    slow = StandIn(clock, 5.0, slow_refused)
+    session.slow_verdicts.clear()
+    clock.now = 0.0
+    session._confirm(slow, deadline=7.0, margin=0.01)  # type: ignore[arg-type]
+    assert len(slow.judged) == 2  # within the budget (0 s, 5 s) more are confirmed until it runs out (10 s)
+
+
+def test_max_candidates_below_one_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="max_candidates"):
+        _session(tmp_path, Clock(), max_candidates=0)
