@@ -1,30 +1,22 @@
-"""The template's pieces: small real modules, composed by `render` into one candidate file that computes, option
-set by option set, bit for bit what the template computed when it was one file (`templates/fast.py`)."""
+"""The template's pieces: small real modules, composed by `render` into one candidate file. That the file computes,
+option set by option set, bit for bit what the template computed as one file is the slow tier's
+(tests/slow/moves/test_pieces_equivalence.py)."""
 
 from __future__ import annotations
 
 import ast
-import dataclasses
 import importlib
 import importlib.util
-import itertools
-import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
-from athanor.model import BuildContext, DecodeBatch, ModelSpec, make_prefill_batch
+from athanor.model import BuildContext, DecodeBatch, make_prefill_batch
 from athanor.model.presets import PRESETS
 from athanor.model.random_init import random_model
-from athanor.moves import MOVES, best_options, render, template_source
+from athanor.moves import template_source
 from athanor.moves.templates import fast
-
-REPO = Path(__file__).resolve().parents[3]
-PRE_SPLIT = "fb9fd32"
-"""A commit whose `src/athanor/moves/templates/fast.py` is the template as one file, before it became pieces."""
-_serial = itertools.count()
 
 
 def _top_level_names(source: str) -> list[str]:
@@ -62,140 +54,27 @@ def test_the_candidate_is_one_file_defining_each_pieces_names_once():
     assert source.count("\nOPTIONS: dict[str, Any] = {\n") == 1
 
 
-def load_candidate(source: str, tmp_path: Path):
-    path = tmp_path / f"candidate_pieces_{next(_serial)}.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def run(build, model, seed: int, rows: int = 3) -> tuple[list[torch.Tensor], list[tuple[int, torch.Tensor]]]:
-    """Every output of a prefill (continued, for 3 rows) and two decode steps (through `decode_greedy` too where
-    the forward has one), and the routing its observer saw."""
-    gen = torch.Generator().manual_seed(seed)
-    fwd = build(model, BuildContext(torch.device("cpu"), model.dtype, max_seqs=4, max_seq_len=64))
-    routes: list[tuple[int, torch.Tensor]] = []
-    fwd.routing_observer = lambda i, ids: routes.append((i, ids.clone()))
-    vocab = model.spec.vocab_size
-    if rows == 3:
-        prompts = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in (5, 11, 2)]
-        outs = [fwd.prefill(make_prefill_batch(prompts, [0, 2, 3]))]
-        more = torch.randint(0, vocab, (4,), generator=gen).tolist()
-        outs.append(fwd.prefill(make_prefill_batch([more], [2], seq_lens=[11])))
-        positions, slots = torch.tensor([5, 15, 2]), torch.tensor([0, 2, 3])
-    else:
-        outs = [fwd.prefill(make_prefill_batch([torch.randint(0, vocab, (6,), generator=gen).tolist()], [1]))]
-        positions, slots = torch.tensor([6]), torch.tensor([1])
-    for _ in range(2):
-        batch = DecodeBatch(torch.randint(0, vocab, (rows,), generator=gen), positions.clone(), slots,
-                            positions.clone())
-        if hasattr(fwd, "decode_greedy"):
-            outs += fwd.decode_greedy(batch)
-        outs.append(fwd.decode(batch))
-        positions += 1
-    return outs, routes
-
-
-def assert_same(source: str, expected_source: str, preset: str | ModelSpec, tmp_path: Path, fused_rows: int = 1,
-                rows: int = 3, seed: int = 0) -> None:
-    """Both sources' outputs, with FUSED_ROWS set to `fused_rows`, identical on a 2-layer model in fp32."""
-    spec = PRESETS[preset] if isinstance(preset, str) else preset
-    model = random_model(spec.with_layers(2), seed=seed)
-    results = []
-    for text in (source, expected_source):
-        assert "FUSED_ROWS = 1\n" in text
-        candidate = load_candidate(text.replace("FUSED_ROWS = 1\n", f"FUSED_ROWS = {fused_rows}\n"), tmp_path)
-        with torch.no_grad():
-            results.append(run(candidate.build, model, seed + 1, rows))
-    (got, got_routes), (expected, expected_routes) = results
-    assert len(got) == len(expected) and len(got_routes) == len(expected_routes)
-    for step, (a, b) in enumerate(zip(got, expected)):
-        assert torch.equal(a, b), f"output {step} differs: max |diff| {float((a - b).abs().max())}"
-    for (i, a), (j, b) in zip(got_routes, expected_routes):
-        assert i == j and torch.equal(a, b)
-
-
 def test_the_pieces_run_as_modules(tmp_path):
-    """What ruff, mypy and a reader see is what runs: the pieces imported as modules compute the rendered
-    candidate's outputs."""
+    """What ruff, mypy and a reader see is what runs: the pieces imported as modules (at the baseline options)
+    compute the rendered candidate's outputs, bit for bit."""
     from athanor.moves.templates.fast import forward
 
+    path = tmp_path / "candidate_pieces.py"
+    path.write_text(template_source("fast"))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    rendered = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = rendered
+    spec.loader.exec_module(rendered)
     model = random_model(PRESETS["tiny-moe"].with_layers(2), seed=0)
-    rendered = load_candidate(template_source("fast"), tmp_path)
-    with torch.no_grad():
-        as_modules, as_file = run(forward.build, model, 1), run(rendered.build, model, 1)
-    assert all(torch.equal(a, b) for a, b in zip(as_modules[0], as_file[0]))
-
-
-@pytest.fixture(scope="module")
-def pre_split() -> str:
-    """The template as it was one file, read from git history."""
-    try:
-        return subprocess.run(["git", "show", f"{PRE_SPLIT}:src/athanor/moves/templates/fast.py"], cwd=REPO,
-                              capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError) as e:
-        pytest.skip(f"the one-file template is read from git history, which this checkout lacks "
-                    f"(`git show {PRE_SPLIT}:...` failed: {e})")
-
-
-_MOE = PRESETS["tiny-moe"].moe
-assert _MOE is not None
-ROUTED_ONLY = dataclasses.replace(PRESETS["tiny-moe"], name="tiny-moe-routed",
-                                  moe=dataclasses.replace(_MOE, shared_intermediate_size=0, shared_gate=False))
-"""tiny-moe without its shared expert: the fused layer's own MoE path."""
-
-TORCH_PATHS = [
-    ("baseline", {}, "tiny-moe"),
-    ("torch-fusions", {"fused_qkv": True, "fused_gate_up": True, "kv_layout": "token_major", "sdpa": "math",
-                       "graphs": False, "moe": "grouped_mm"}, "tiny-moe"),
-    ("best-cpu-lossy", best_options(PRESETS["tiny-qwen"], "cpu", lossy=True), "tiny-qwen"),
-]
-"""Option sets whose kernels all run in PyTorch (no Triton interpreter): seconds each."""
-
-
-@pytest.mark.parametrize(("options", "preset"), [c[1:] for c in TORCH_PATHS], ids=[c[0] for c in TORCH_PATHS])
-def test_torch_paths_compute_what_the_one_file_template_did(options, preset, pre_split, tmp_path):
-    assert_same(render("fast", options), render(pre_split, options), preset, tmp_path)
-
-
-def _catalog_cases() -> list[tuple[str, dict, str | ModelSpec, int, int]]:
-    """(id, options, preset, FUSED_ROWS, decode rows): every option's every value, the best-known candidates, and
-    the fused layer's paths (3 rows with FUSED_ROWS 3; one row for the gather inside the first QKV kernel)."""
-    cases: list[tuple[str, dict, str | ModelSpec, int, int]] = []
-    for m in MOVES:
-        for v in m.values:
-            if m.name != "compile" or v is None:  # compiling is tested against the reference, not here (minutes)
-                preset = "tiny-moe" if m.applies_to == "moe" or m.name == "fused_gate_up" else "tiny-qwen"
-                cases.append((f"{m.name}={v}", {m.name: v}, preset, 1, 3))
-    for preset in ("tiny-dense", "tiny-qwen", "tiny-moe", ROUTED_ONLY):
-        name = preset if isinstance(preset, str) else preset.name
-        spec = PRESETS[preset] if isinstance(preset, str) else preset
-        for device in ("cuda", "cpu"):
-            cases.append((f"best-{device}-{name}", best_options(spec, device), preset, 3, 3))
-        cases.append((f"best-one-row-{name}", {**best_options(spec), "embedding": "triton_qkv_prologue"}, preset,
-                      1, 1))
-    fused = {"gemv": "triton_fused", "fused_qkv": True, "rope": "triton_qkv_epilogue"}
-    for routing in ("triton", "triton_router_epilogue", "triton_expert_prologue", "triton_o_epilogue",
-                    "triton_moe_block"):
-        cases.append((f"fused-routing={routing}", {**best_options(ROUTED_ONLY), **fused, "routing": routing},
-                      ROUTED_ONLY, 3, 3))
-    cases.append(("fused-separate-weights", {**best_options(PRESETS["tiny-dense"]), "gemv": "triton_fused",
-                                             "fused_qkv": False, "fused_gate_up": False}, "tiny-dense", 3, 3))
-    cases.append(("fused-lm-head", {**best_options(PRESETS["tiny-dense"]), **fused, "lm_head": "triton_fused"},
-                  "tiny-dense", 3, 3))
-    return cases
-
-
-CATALOG = _catalog_cases()
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(("options", "preset", "fused_rows", "rows"), [c[1:] for c in CATALOG],
-                         ids=[c[0] for c in CATALOG])
-def test_every_option_set_computes_what_the_one_file_template_did(options, preset, fused_rows, rows, pre_split,
-                                                                  tmp_path):
-    assert_same(render("fast", options), render(pre_split, options), preset, tmp_path, fused_rows, rows)
+    outputs = []
+    for build in (forward.build, rendered.build):
+        fwd = build(model, BuildContext(torch.device("cpu"), torch.float32, max_seqs=4, max_seq_len=64))
+        routes: list[torch.Tensor] = []
+        fwd.routing_observer = lambda i, ids, routes=routes: routes.append(ids)
+        with torch.no_grad():
+            outs = [fwd.prefill(make_prefill_batch([[1, 2, 3, 4, 5], [6, 7]], [0, 2]))]
+            pos = torch.tensor([5, 2])
+            outs.append(fwd.decode(DecodeBatch(torch.tensor([8, 9]), pos, torch.tensor([0, 2]), pos)))
+        outputs.append(outs + routes)
+    assert len(outputs[0]) == len(outputs[1]) > 2 and all(torch.equal(a, b) for a, b in zip(*outputs))
