@@ -147,14 +147,19 @@ def test_an_unreachable_endpoint_stops_that_agent_not_the_run(tmp_path: Path) ->
         assert any(p.kind == "warning" and p.agent == "llm" for p in store.posts(report.run_id))
 
 
-def test_cli_errors_are_one_line(tmp_path: Path) -> None:
+def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
-    for args, needle in ((["--agents", "nope"], "--agents"), (["--budget", "soon"], "--budget soon"),
-                         (["--incumbent", str(tmp_path / "nope")], "--incumbent")):
-        done = subprocess.run([sys.executable, "-m", "athanor", "compile", "--model", "tiny-dense", "--out", str(out),
-                               *args], capture_output=True, text=True, timeout=120)
-        assert done.returncode == 2 and "Traceback" not in done.stderr
-        assert len(done.stderr.strip().splitlines()) == 1 and needle in done.stderr
+    compile_args = ["compile", "--model", "tiny-dense", "--out", str(out)]
+    # The first through a process of its own (the entry point, its exit status), the others through `main`.
+    done = subprocess.run([sys.executable, "-m", "athanor", *compile_args, "--agents", "nope"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "--agents" in done.stderr
+    for args, needle in ((["--budget", "soon"], "--budget soon"), (["--incumbent", str(tmp_path / "nope")],
+                                                                      "--incumbent")):
+        assert main([*compile_args, *args]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and needle in err, err
     assert not out.exists()  # a bad configuration writes nothing
 
 

@@ -1,4 +1,9 @@
-"""The CLI as a person runs it: real processes, real output, one-line errors with exit status 2."""
+"""The CLI as a person runs it: real output, one-line errors with exit status 2.
+
+A real process (`python -m athanor`) for the chat answer and for one error, which is what the process adds: the
+entry point, its exit status, no traceback. The other commands run through `athanor.cli.main` in this process,
+as the entry point calls it, sparing each a Python and torch start.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +14,27 @@ from pathlib import Path
 
 import pytest
 
+from athanor.cli import main
+
 
 def athanor(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`python -m athanor ARGS` in a process of its own."""
     return subprocess.run([sys.executable, "-m", "athanor", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]):
+    """`cli(*args)`: `athanor ARGS` through `main`, as (exit status, stdout, stderr); a usage error is status 2."""
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # argparse's own errors exit, as they do in a process
+            code = int(e.code or 0)
+        captured = capsys.readouterr()
+        return subprocess.CompletedProcess(["athanor", *args], code, captured.out, captured.err)
+
+    return run
 
 
 def assert_one_line_error(done: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -32,23 +55,23 @@ def test_chat_answer_contains_paris(smollm2) -> None:
     assert "prefill:" in stats and "decode:" in stats and "tok/s" in stats
 
 
-def test_sampling_is_seeded(smollm2) -> None:
+def test_sampling_is_seeded(smollm2, cli) -> None:
     args = ("generate", "--prompt", "Once upon a time", "--max-new-tokens", "12", "--temperature", "0.9",
             "--top-p", "0.95")
-    a, b, c = athanor(*args, "--seed", "1"), athanor(*args, "--seed", "1"), athanor(*args, "--seed", "2")
+    a, b, c = cli(*args, "--seed", "1"), cli(*args, "--seed", "1"), cli(*args, "--seed", "2")
     first = [d.stdout.splitlines()[0] for d in (a, b, c)]
     assert first[0] == first[1] and first[0] != first[2]
 
 
-def test_models_lists_presets() -> None:
-    done = athanor("models")
+def test_models_lists_presets(cli) -> None:
+    done = cli("models")
     assert done.returncode == 0
     for name in ("smollm2-135m", "llama-3.2-1b", "llama-3.1-8b", "qwen3-30b-a3b", "mixtral-8x7b", "tiny-moe"):
         assert name in done.stdout
 
 
-def test_save_random_writes_a_loadable_hf_directory(tmp_path: Path) -> None:
-    done = athanor("save-random", "tiny-moe", str(tmp_path / "m"), "--seed", "7")
+def test_save_random_writes_a_loadable_hf_directory(tmp_path: Path, cli) -> None:
+    done = cli("save-random", "tiny-moe", str(tmp_path / "m"), "--seed", "7")
     assert done.returncode == 0, done.stderr
     cfg = json.loads((tmp_path / "m" / "config.json").read_text())
     assert cfg["architectures"] == ["Qwen3MoeForCausalLM"] and cfg["torch_dtype"] == "bfloat16"
@@ -59,40 +82,40 @@ def test_save_random_writes_a_loadable_hf_directory(tmp_path: Path) -> None:
 
 
 # -- bad input ---------------------------------------------------------------------------------------
-def test_unknown_preset() -> None:
-    assert_one_line_error(athanor("generate", "--model", "llama-42b"), "unknown model 'llama-42b'")
-    assert_one_line_error(athanor("save-random", "nope", "/tmp/x"), "unknown model preset 'nope'")
+def test_unknown_preset(cli) -> None:
+    assert_one_line_error(athanor("generate", "--model", "llama-42b"), "unknown model 'llama-42b'")  # a process
+    assert_one_line_error(cli("save-random", "nope", "/tmp/x"), "unknown model preset 'nope'")
 
 
-def test_missing_weight_file(tmp_path: Path) -> None:
-    assert_one_line_error(athanor("generate", "--model", str(tmp_path / "absent.gguf")), "absent.gguf",
+def test_missing_weight_file(tmp_path: Path, cli) -> None:
+    assert_one_line_error(cli("generate", "--model", str(tmp_path / "absent.gguf")), "absent.gguf",
                           "no such file")
 
 
-def test_corrupt_weight_file(tmp_path: Path) -> None:
+def test_corrupt_weight_file(tmp_path: Path, cli) -> None:
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 100)
-    assert_one_line_error(athanor("generate", "--model", str(bad)), "broken.gguf")
+    assert_one_line_error(cli("generate", "--model", str(bad)), "broken.gguf")
 
 
-def test_config_and_weights_that_do_not_match(tmp_path: Path) -> None:
-    assert athanor("save-random", "tiny-dense", str(tmp_path)).returncode == 0
+def test_config_and_weights_that_do_not_match(tmp_path: Path, cli) -> None:
+    assert cli("save-random", "tiny-dense", str(tmp_path)).returncode == 0
     cfg = json.loads((tmp_path / "config.json").read_text())
     cfg["hidden_size"] = 96
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    assert_one_line_error(athanor("generate", "--model", str(tmp_path)), str(tmp_path), "do not match")
+    assert_one_line_error(cli("generate", "--model", str(tmp_path)), str(tmp_path), "do not match")
 
 
-def test_prompt_longer_than_the_context(smollm2) -> None:
-    assert_one_line_error(athanor("generate", "--prompt", "word " * 9000), "--prompt", "8192-token context")
+def test_prompt_longer_than_the_context(smollm2, cli) -> None:
+    assert_one_line_error(cli("generate", "--prompt", "word " * 9000), "--prompt", "8192-token context")
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU")
-def test_device_cuda_without_a_gpu() -> None:
-    assert_one_line_error(athanor("generate", "--device", "cuda"), "--device cuda", "no CUDA device")
+def test_device_cuda_without_a_gpu(cli) -> None:
+    assert_one_line_error(cli("generate", "--device", "cuda"), "--device cuda", "no CUDA device")
 
 
-def test_bad_flags() -> None:
-    assert_one_line_error(athanor("generate", "--dtype", "int3"), "--dtype int3")
-    assert_one_line_error(athanor("generate", "--max-new-tokens", "0"), "--max-new-tokens 0")
-    assert_one_line_error(athanor("generate", "--max-new-tokens", "x"), "--max-new-tokens")
+def test_bad_flags(cli) -> None:
+    assert_one_line_error(cli("generate", "--dtype", "int3"), "--dtype int3")
+    assert_one_line_error(cli("generate", "--max-new-tokens", "0"), "--max-new-tokens 0")
+    assert_one_line_error(cli("generate", "--max-new-tokens", "x"), "--max-new-tokens")

@@ -41,8 +41,10 @@ FIT, HELD_OUT = text_sequences(0), text_sequences(4096)  # disjoint halves of th
 
 @pytest.fixture(autouse=True)
 def _threads():
+    # One intra-op thread: the same reductions on any machine, and no second thread spinning for a core that the
+    # other test worker holds (with two, a replay took 70 s instead of 2 s beside a busy core).
     before = torch.get_num_threads()
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
 
@@ -133,27 +135,28 @@ def test_profile_round_trip_and_shape_errors():
         replay_routing(random_model(SPECS["moe-32x4"], seed=1), p, FIT)
 
 
-def test_routing_cli_writes_a_replayable_profile_and_refuses_bad_input(tmp_path):
+def test_routing_cli_writes_a_replayable_profile_and_refuses_bad_input(tmp_path, capsys):
+    """Through `athanor.cli.main`, as the entry point calls it (tests/unit/model/test_cli.py runs a process)."""
     import json
-    import subprocess
-    import sys
 
-    def athanor(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "athanor", "traffic", "routing", *args], capture_output=True,
-                              text=True, timeout=120)
+    from athanor.cli import main
+
+    def athanor(*args: str) -> tuple[int, str]:
+        code = main(["traffic", "routing", *args])
+        return code, capsys.readouterr().err
 
     ids = np.stack([np.stack([np.random.default_rng(t * 5 + i).choice(8, 2, replace=False) for i in range(3)])
                     for t in range(40)])  # [tokens, layers, top_k]
     np.save(tmp_path / "routed.npy", ids)
     out = tmp_path / "new" / "profile.json"  # its folder made as needed
-    done = athanor(str(tmp_path / "routed.npy"), "--num-experts", "8", "-o", str(out))
-    assert done.returncode == 0, done.stderr
+    code, err = athanor(str(tmp_path / "routed.npy"), "--num-experts", "8", "-o", str(out))
+    assert code == 0, err
     profile = RoutingProfile.from_dict(json.loads(out.read_text()))
     assert (profile.num_layers, profile.num_experts, profile.top_k) == (3, 8, 2)
     (tmp_path / "t.txt").write_text("x")
     for args, needle in (((str(tmp_path / "routed.npy"), "-o", str(out)), "--num-experts"),
                          ((str(tmp_path / "t.txt"), "--top-k", "2", "-o", str(out)), "unknown routing format"),
                          ((str(tmp_path / "none.csv"), "--top-k", "2", "-o", str(out)), "no such file")):
-        bad = athanor(*args)
-        assert bad.returncode == 2 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
-        assert needle in bad.stderr, bad.stderr
+        code, err = athanor(*args)
+        assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert needle in err, err
