@@ -26,7 +26,8 @@ TEXT = (
 
 @pytest.fixture(scope="module")
 def hf_model(smollm2_gguf: Path):
-    transformers = pytest.importorskip("transformers")
+    import transformers  # a test dependency (pyproject's `test` extra): its absence is a broken install, not a skip
+
     model = transformers.AutoModelForCausalLM.from_pretrained(
         str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name, torch_dtype=torch.float32
     )

@@ -37,16 +37,16 @@ def test_replay_shares_prefixes_as_hash_ids_say(traces):
     assert text.count(" ") > 50  # words, not noise
 
 
-def _real_tokenizer():
-    registry = pytest.importorskip("athanor.model.registry")
-    try:
-        return registry.load_tokenizer("smollm2-135m")
-    except Exception as e:  # the model files may not be cached on this machine and no network
-        pytest.skip(f"smollm2-135m tokenizer unavailable: {e}")
+@pytest.fixture(scope="module")
+def real_tokenizer(smollm2_gguf):
+    """smollm2-135m's tokenizer (its GGUF fetched into the user cache once, as every test of the real model does)."""
+    from athanor.model.registry import load_tokenizer
+
+    return load_tokenizer("smollm2-135m")
 
 
-def test_replay_from_profile_with_real_tokenizer():
-    tok = _real_tokenizer()
+def test_replay_from_profile_with_real_tokenizer(real_tokenizer):
+    tok = real_tokenizer
     reqs = replay_requests(load_profile("preset:agent"), tok, num_requests=8, max_input_len=2048)
     assert all(0 <= t < tok.vocab_size for r in reqs for t in r.prompt_ids)
     assert len({r.prompt_ids[:64] for r in reqs}) < 8  # the agent preset shares system prompts
@@ -56,8 +56,8 @@ def test_replay_from_profile_with_real_tokenizer():
         assert len(words) > 60 and sum(w.strip(".,;:!?'\"").isalpha() for w in words) > 0.8 * len(words)
 
 
-def test_replay_trace_with_real_tokenizer_shares_prefixes(traces):
-    tok = _real_tokenizer()
+def test_replay_trace_with_real_tokenizer_shares_prefixes(traces, real_tokenizer):
+    tok = real_tokenizer
     c = read_columns(traces / "mooncake_conversation.jsonl")
     reqs = replay_requests(c, tok, num_requests=40, max_input_len=2048)
     pairs = 0
