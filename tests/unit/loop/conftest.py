@@ -1,38 +1,20 @@
-"""A planted agent for the compile loop's tests: it proposes given sources, in order, then nothing more."""
+"""Fixtures of the compile loop's tests: a planted agent registered for one test, a cache directory of a test's own."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from athanor.agents.base import AgentContext, Proposal
+sys.path.insert(0, str(Path(__file__).parent))
+
+from loop_doubles import PlantedAgent
+
 from athanor.agents.registry import AGENT_FACTORIES
 from athanor.engine.candidate import Candidate
 from athanor.settings import CACHE, cache_dir
-from athanor.store import EvaluationRecord
-
-
-class PlantedAgent:
-    """Proposes its candidates one per round, each derived from the round's incumbent; then nothing new, which
-    stops it (so a run's length is its number of candidates, not a time budget)."""
-
-    name = "planted"
-
-    def __init__(self, candidates: Sequence[Candidate]) -> None:
-        self.waiting = list(candidates)
-        self.observed: list[EvaluationRecord] = []
-
-    def propose(self, context: AgentContext) -> list[Proposal]:
-        if not self.waiting:
-            return []
-        cand = self.waiting.pop(0)
-        return [Proposal(source=cand.source, parent_id=context.incumbent_id, author=self.name,
-                         description=cand.manifest.description)]
-
-    def observe(self, verdicts: Sequence[EvaluationRecord]) -> None:
-        self.observed.extend(verdicts)
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from loop_doubles import StandInEvaluator, slower
 
 from athanor.cli import main
 from athanor.engine.candidate import Candidate, baseline_candidate
@@ -84,10 +85,14 @@ def test_the_whole_loop_on_a_tiny_preset(tmp_path: Path, cost_records: Path, pla
         compile_session(dataclasses.replace(config, incumbent=None, resume=True))
 
 
-def test_interrupt_keeps_results_and_resume_continues(tmp_path: Path) -> None:
-    """Ctrl-C keeps what was evaluated, and --resume screens only what is new. Both sessions are interrupted at
-    their first screen: bounded by candidates, not by a budget (a resumed run that ends on its own is the slow
-    tier's, tests/slow/test_compile_slow.py)."""
+def test_interrupt_keeps_results_and_resume_continues(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C keeps what was screened, and --resume goes on with the same run, screening only what is new. The
+    evaluator is a stand-in that judges at once (every candidate timed slower: nothing to confirm), the resumed
+    run bounded by a candidate count; the same over real evaluations and a wall-clock budget is the slow tier's
+    (tests/slow/test_compile_slow.py)."""
+    import athanor.loop.session
+
+    monkeypatch.setattr(athanor.loop.session, "Evaluator", lambda config: StandInEvaluator(config, verdict=slower))
     out = tmp_path / "run"
 
     def interrupt_after_first(line: str) -> None:
@@ -104,18 +109,15 @@ def test_interrupt_keeps_results_and_resume_continues(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--resume"):
         compile_session(_config(out))
     events: list[str] = []
-
-    def resumed_interrupt_after_first(line: str) -> None:
-        events.append(line)
-        interrupt_after_first(line)
-
-    second = compile_session(_config(out, resume=True), on_event=resumed_interrupt_after_first)
-    assert second.run_id == first.run_id and second.interrupted
+    second = compile_session(_config(out, resume=True), on_event=events.append, max_candidates=3)
+    assert second.run_id == first.run_id and not second.interrupted
     assert events[0] == f"resuming run {first.run_id} (1 evaluations so far)", events
+    assert "no candidate passed the fast tier's screen: nothing to confirm" in events
     with open_store(out) as store:
+        assert store.get_run(first.run_id).status == "finished"  # type: ignore[union-attr]
         evaluations = store.evaluations(first.run_id)
     fast_ids = [ev.candidate_id for ev in evaluations if ev.tier == "fast"]
-    assert len(fast_ids) == 2 and set(fast_ids) > done  # one more, nothing evaluated twice
+    assert len(fast_ids) == 4 and len(set(fast_ids)) == 4 and set(fast_ids) > done  # three more, none twice
 
 
 def test_bad_configuration(tmp_path: Path) -> None:

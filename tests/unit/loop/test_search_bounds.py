@@ -6,43 +6,15 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from loop_doubles import Clock, StandInEvaluator, refused
 
 from athanor.engine.candidate import Candidate, baseline_candidate
 from athanor.evaluate import Verdict
 from athanor.loop import CompileConfig
 from athanor.loop.session import Session
-
-
-class Clock:
-    """A budget clock that moves only when told to."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class StandIn:
-    """An evaluator that spends `cost_s` of the clock per candidate and returns `verdict(candidate)` at once."""
-
-    def __init__(self, clock: Clock, cost_s: float, verdict: Callable[[Candidate, Candidate], Verdict]) -> None:
-        self.config = SimpleNamespace(margin=0.01)
-        self.clock, self.cost_s, self.verdict = clock, cost_s, verdict
-        self.judged: list[str] = []
-
-    def evaluate(self, candidate: Candidate, incumbent: Candidate) -> Verdict:
-        self.clock.now += self.cost_s
-        self.judged.append(candidate.id)
-        return self.verdict(candidate, incumbent)
-
-
-def refused(candidate: Candidate, incumbent: Candidate) -> Verdict:
-    return Verdict(candidate.id, incumbent.id, accepted=False, stage="correctness", reason="stand-in", wall_s=1.0)
 
 
 def _session(tmp_path: Path, clock: Clock, **kw: Any) -> Session:
@@ -54,7 +26,7 @@ def _session(tmp_path: Path, clock: Clock, **kw: Any) -> Session:
 def test_max_candidates_stops_the_search_whatever_the_budget(tmp_path: Path) -> None:
     clock = Clock()
     session = _session(tmp_path, clock, max_candidates=3)
-    fast = StandIn(clock, 0.0, refused)
+    fast = StandInEvaluator(verdict=refused, clock=clock, cost_s=0.0)
     session._search(fast, until=float("inf"))  # type: ignore[arg-type]
     assert len(fast.judged) == 3 == len(set(fast.judged)) == session.screened
     assert len(session.store.evaluations(session.run_id)) == 3  # each recorded as it was judged
@@ -63,7 +35,7 @@ def test_max_candidates_stops_the_search_whatever_the_budget(tmp_path: Path) -> 
 def test_the_budget_clock_stops_the_search(tmp_path: Path) -> None:
     clock = Clock()
     session = _session(tmp_path, clock)
-    fast = StandIn(clock, 10.0, refused)
+    fast = StandInEvaluator(verdict=refused, clock=clock, cost_s=10.0)
     session._search(fast, until=25.0)  # type: ignore[arg-type]
     assert len(fast.judged) == 3 and clock.now == 30.0  # judged at 0, 10 and 20 s; at 30 s the share is spent
 
@@ -73,7 +45,7 @@ def test_an_agent_with_nothing_new_ends_the_search(tmp_path: Path, plant: Callab
     plant(*(Candidate.from_source(base + f"\n# planted {i}\n") for i in range(2)))
     clock = Clock()
     session = _session(tmp_path, clock, agents=("planted",))
-    fast = StandIn(clock, 1.0, refused)
+    fast = StandInEvaluator(verdict=refused, clock=clock, cost_s=1.0)
     session._search(fast, until=float("inf"))  # type: ignore[arg-type]
     assert len(fast.judged) == 2
 
@@ -94,10 +66,10 @@ def test_the_first_confirmation_runs_past_the_deadline_and_no_other(tmp_path: Pa
         return Verdict(candidate.id, incumbent.id, accepted=False, stage="slow", reason="stand-in", wall_s=1.0)
 
     clock.now = 50.0
-    slow = StandIn(clock, 5.0, slow_refused)
+    slow = StandInEvaluator(verdict=slow_refused, clock=clock, cost_s=5.0)
     session._confirm(slow, deadline=40.0, margin=0.01)  # type: ignore[arg-type]
     assert slow.judged == [cheapest]  # the best screened first, though the budget was spent; then none
-    slow = StandIn(clock, 5.0, slow_refused)
+    slow = StandInEvaluator(verdict=slow_refused, clock=clock, cost_s=5.0)
     session.slow_verdicts.clear()
     clock.now = 0.0
     session._confirm(slow, deadline=7.0, margin=0.01)  # type: ignore[arg-type]
