@@ -10,7 +10,7 @@ TORCH_CPU := torch==2.13.0
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 PYTEST_ARGS ?=
 
-.PHONY: demo test install install-test lint gpu-wheels gpu-test
+.PHONY: demo test test-slow install install-test lint gpu-wheels gpu-test
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,13 +38,20 @@ demo: $(VENV)/.installed
 # Two passes: the tests that judge speed (marker `timing`: the evaluator's verdicts, the compile loop) alone, so
 # nothing else competes for the cores they time on; the rest first, one worker per core, one intra-op thread each
 # (test modules stay whole on a worker: their module fixtures load once). Both run; either failing fails (a pass
-# that PYTEST_ARGS leaves empty, pytest's status 5, does not).
-test: $(VENV)/.installed-test
-	@status=0; \
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests/unit -q -m "not timing" -n auto --dist loadfile $(PYTEST_ARGS) \
+# that PYTEST_ARGS leaves empty, pytest's status 5, does not). `test` is the default tier (tests/unit, at most
+# 6 minutes on 2 cores); `test-slow` the long end-to-end runs (tests/slow: whole sessions over wall-clock budgets,
+# the watch, the benchmarks, exhaustive equivalence checks), in the same two passes.
+TEST_TWO_PASSES = status=0; \
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(1) -q -m "not timing$(2)" -n auto --dist loadfile $(PYTEST_ARGS) \
 	  || { s=$$?; [ $$s -eq 5 ] || status=$$s; }; \
-	$(BIN)/python -m pytest tests/unit -q -m timing $(PYTEST_ARGS) || { s=$$?; [ $$s -eq 5 ] || status=$$s; }; \
+	$(BIN)/python -m pytest $(1) -q -m "timing$(2)" $(PYTEST_ARGS) || { s=$$?; [ $$s -eq 5 ] || status=$$s; }; \
 	exit $$status
+
+test: $(VENV)/.installed-test
+	@$(call TEST_TWO_PASSES,tests/unit, and not slow)
+
+test-slow: $(VENV)/.installed-test
+	@$(call TEST_TWO_PASSES,tests/slow)
 
 # ruff, mypy, and the history check (no commit name or bench/results path in src/); all three run, any
 # failing fails.

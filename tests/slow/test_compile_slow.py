@@ -14,7 +14,7 @@ from athanor.errors import ConfigError
 from athanor.loop import CompileConfig, compile_session
 from athanor.store import open_store
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]  # verdicts on measured speed: run alone (`make test-slow`)
 
 
 def _config(out: Path, **kw) -> CompileConfig:

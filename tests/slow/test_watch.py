@@ -23,7 +23,8 @@ from athanor.engine.candidate import Candidate
 from athanor.serve.launch import ServerProcess
 from athanor.traffic import read_columns
 
-pytestmark = pytest.mark.slow  # two watch processes, a server and a 40 s recompile: a few minutes on 2 cores
+# Two watch processes, a server and a 40 s recompile (a few minutes on 2 cores), its verdict on measured speed.
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 MODEL = "tiny-dense"
 
