@@ -50,7 +50,8 @@ def _hold(path_env: str, seconds: float) -> None:
 def test_device_lock_excludes_other_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ATHANOR_CACHE", str(tmp_path))
     assert lock_path("cuda") == lock_path("cuda:0") != lock_path("cpu")
-    holder = multiprocessing.get_context("spawn").Process(target=_hold, args=(str(tmp_path), 1.0))
+    # Forked holders: another process, which needs only the lock, not a fresh interpreter importing torch.
+    holder = multiprocessing.get_context("fork").Process(target=_hold, args=(str(tmp_path), 1.0))
     holder.start()
     while not lock_path("cpu").exists() or not lock_path("cpu").read_text().strip():
         time.sleep(0.02)
@@ -58,7 +59,7 @@ def test_device_lock_excludes_other_processes(tmp_path: Path, monkeypatch: pytes
         assert waited > 0.3  # the other process held it
     holder.join()
     with pytest.raises(TimeoutError):
-        holder = multiprocessing.get_context("spawn").Process(target=_hold, args=(str(tmp_path), 1.0))
+        holder = multiprocessing.get_context("fork").Process(target=_hold, args=(str(tmp_path), 1.0))
         holder.start()
         while not lock_path("cpu").read_text().strip():
             time.sleep(0.02)
