@@ -1,8 +1,8 @@
 """athanor: a continuous compiler for LLM inference.
 
-See DESIGN.md (in the project's shared folder) for the map of parts; each sub-package
-owns one of them: `model` (specs, loaders, the reference forward), `engine`, `evaluate`,
-`traffic`, `agents`, `store`, `plan`, `serve`, `loop`.
+docs/architecture.md maps the parts; each sub-package owns one of them: `model` (specs,
+loaders, the reference forward), `engine`, `evaluate`, `traffic`, `agents`, `store`, `moves`,
+`kernels`, `serve`, `loop`, `bench`; `commands` holds the CLI's subcommands.
 """
 
 __version__ = "0.1.0"

@@ -3,7 +3,7 @@
 
 The compile loop builds one `AgentContext` per round from the store (leaderboard, recent
 verdicts, board posts) and the evaluator's profile of the incumbent; agents never call the
-evaluator themselves (shared/DESIGN.md: agents see `evaluate` only through the store and the
+evaluator themselves (docs/architecture.md: agents see `evaluate` only through the store and the
 board). Both types are frozen and picklable, so an agent may run in another process.
 """
 

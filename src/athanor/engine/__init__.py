@@ -1,10 +1,11 @@
 """The persistent engine: a worker process that loads weights once and hot-swaps candidates.
 
-Who owns what (see DESIGN.md, "The persistent engine"):
+Who owns what (docs/architecture.md, "The engine RPC"):
 - `candidate`: `Candidate` (source + manifest) and importing one under a unique module name;
 - `protocol`: the typed, versioned messages between client and worker;
 - `worker` / `core`: the process (sandbox, model load, RPC loop) and the engine's state;
-- `graphs` / `sampling`: static decode buffers, CUDA graphs, sampling inside the graph;
+- `graphs`: static decode buffers, CUDA graphs, sampling inside the graph;
+- `config` / `requests` / `trajectory`: engine settings, request batches, recorded trajectories;
 - `client` / `supervisor`: the caller's side: `EngineClient`, `ZmqEngineClient`, `Supervisor`;
 - `sandbox` / `violations` / `isolation`: confinement, violation reports, namespace restore;
 - `candidate_dir`: the deployable directory a compile writes and a server reads.

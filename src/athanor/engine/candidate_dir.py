@@ -1,4 +1,4 @@
-"""A deployable candidate directory: `candidate.py` plus `manifest.json` (DESIGN.md, "Data at rest").
+"""A deployable candidate directory: `candidate.py` plus `manifest.json` (docs/architecture.md).
 
 The compile loop writes its winner as one and the server loads one to serve or deploy; the format
 lives beside `Candidate`, which both already depend on, so neither reaches into the other.

@@ -37,7 +37,7 @@ class EngineLost(EngineDied):
 
 
 class EngineClient(ABC):
-    """Typed RPCs to one engine worker (see DESIGN.md, "The persistent engine")."""
+    """Typed RPCs to one engine worker (docs/architecture.md, "The engine RPC")."""
 
     @abstractmethod
     def call(self, request: Any, timeout_s: float | None = None) -> Any:

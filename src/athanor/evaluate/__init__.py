@@ -2,7 +2,7 @@
 
 The compile loop calls `Evaluator(EvaluateConfig(...)).evaluate(candidate, incumbent) -> Verdict`
 (engines kept across calls) or `evaluate_candidate(candidate, config, incumbent)` for one-off use.
-Modules, in the order of the cascade (DESIGN.md, "Evaluation cascade"):
+Modules, in the order of the cascade (docs/architecture.md, "The evaluator"):
 - `static_checks`: the source's imports and constructs;
 - `scripts`: fresh real-text step scripts that every check and timing runs on;
 - `correctness`: tolerance per dtype, greedy agreement, `--bitwise`, the quality budget;

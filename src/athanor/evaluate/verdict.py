@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 STAGES = ("static", "smoke", "correctness", "integrity", "timing", "slow", "accepted")
-"""The cascade in order (DESIGN.md, "Evaluation cascade"); `accepted` is reached only by a winner."""
+"""The cascade in order (docs/architecture.md, "The evaluator"); `accepted` is reached only by a winner."""
 
 
 @dataclass(frozen=True)

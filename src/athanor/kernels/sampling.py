@@ -3,7 +3,7 @@
 Both are static-shape and sync-free, so they can sit inside a captured decode step. Top-k/top-p
 draws with the engine's counter-based noise (`athanor.model.sampling.uniform_noise`), so with
 top_k = vocab it picks exactly what `athanor.model.sampling.sample` picks; with a small top_k it
-sorts k values instead of the whole vocabulary. The engine owns sampling (DESIGN.md), so these are
+sorts k values instead of the whole vocabulary. The engine owns sampling (docs/architecture.md), so these are
 engine and serving paths, not a candidate option: its argmax graph takes `greedy` on a GPU
 (`athanor.engine.graphs`); top-k/top-p is not adopted yet.
 """

@@ -1,6 +1,6 @@
 """`athanor watch`: follow the request log, and on drift recompile for the new traffic and deploy the winner.
 
-The continuous part of the loop (DESIGN.md, "The loop"): windows of the server's request log (by its
+The continuous part of the loop (docs/architecture.md, "The loop"): windows of the server's request log (by its
 timestamps) become `TrafficProfile`s; `athanor.traffic.DriftMonitor` judges each against the
 reference; when a change warrants a recompile, the watch asks the server what it serves
 (`GET /admin/current`), `athanor.loop.compile_session` compiles for the new window's profile against

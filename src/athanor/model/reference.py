@@ -1,7 +1,7 @@
 """The reference forward pass: athanor's oracle and the baseline candidate.
 
 Readable PyTorch for the dense Llama/Qwen family and its MoE cousins, following the
-candidate seam of DESIGN.md: `build(model, ctx)` returns a `Forward` with `prefill` and
+candidate seam (docs/architecture.md): `build(model, ctx)` returns a `Forward` with `prefill` and
 `decode` over per-sequence slots, each slot with its own KV cache. Every speedup athanor
 reports is measured against this file, and `athanor candidate new` writes it out as the
 starting point an agent or a person edits.

@@ -1,6 +1,6 @@
 """The candidate seam: what the engine hands a forward pass, and what it must give back.
 
-Ownership (see DESIGN.md, "The candidate seam"):
+Ownership (docs/architecture.md, "The candidate seam"):
 - The engine owns the static input buffers below (on the model's device), padding to
   batch-size buckets, CUDA-graph capture of `decode` and sampling.
 - The candidate owns its per-slot state (the KV cache) for `ctx.max_seqs` sequences of up

@@ -1,6 +1,6 @@
 """The production server: OpenAI-compatible HTTP, continuous batching, request log, metrics, canary deploys.
 
-Who owns what (see DESIGN.md, "serve/"):
+Who owns what (docs/architecture.md, "Parts and their folders"):
 
 - front-end process (`app`, `api`, `admin`, `frontend`, `metrics`, `reqlog`): FastAPI routes; it
   tokenizes, validates, streams text back, checks stop strings, writes the request log and the

@@ -2,7 +2,7 @@
 
 The engine worker's boot (sandbox first, then the model loaded once into an `Engine` with its
 resident candidates), then the step loop of continuous batching instead of the engine's one-RPC-
-at-a-time loop (DESIGN.md: the step loop runs inside the engine process). Each turn drains the
+at-a-time loop (docs/architecture.md: the step loop runs inside the engine process). Each turn drains the
 socket (submits, aborts, deploys, status queries), runs one step, and sends each front end one
 `StepReport` with every token that step produced for its requests.
 

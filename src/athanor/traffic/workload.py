@@ -3,7 +3,7 @@
 (a) Step counts per 1,000 requests: prefill chunks (length, cached context) and decode steps
     (batch size, typical context length). Counts, not times: the evaluator prices each step by
     its measured time, and the sum is the objective, projected GPU-seconds per 1,000 requests
-    (shared/DESIGN.md).
+    (docs/architecture.md).
 (b) Replay requests: token ids of the profile's lengths, sharing prefixes exactly as `hash_ids`
     say (equal block ids give equal token blocks), with content from real text (`corpus.py`).
 """

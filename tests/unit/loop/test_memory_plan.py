@@ -22,7 +22,7 @@ def test_a_small_model_keeps_the_default_slots():
 
 
 def test_an_8b_model_gets_fewer_slots_than_ran_out_of_memory_on_an_h200():
-    """32 slots ran out of memory on an H200 (bench/gpu_tiers.sh at edc7814); the plan stays below and fits."""
+    """32 slots ran out of memory on an H200 with both tiers resident; the plan stays below and fits."""
     plan = _plan("llama-3.1-8b")
     assert 8 <= plan.max_seqs < 32
     assert plan.fixed_bytes + (plan.max_seqs + 1) * plan.kv_bytes_per_slot <= 0.9 * H200

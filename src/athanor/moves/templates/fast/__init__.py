@@ -1,6 +1,6 @@
 """A fast forward pass for the dense Llama/Qwen family and its MoE cousins, one switch per move.
 
-This is a candidate file (see DESIGN.md, "The candidate seam"): `build(model, ctx)` returns a
+This is a candidate file (docs/architecture.md, "The candidate seam"): `build(model, ctx)` returns a
 `Forward`. It computes what `athanor.model.reference` computes, with the choices in `OPTIONS`
 below: fused weights, Triton kernels from `athanor.kernels`, a KV-cache layout, torch.compile,
 CUDA-graph safety, and (quality mode only) linear layers on lower-precision weight copies.
