@@ -1,4 +1,5 @@
-"""`athanor compile`: the main job — find a faster, verified forward pass for a model and its traffic."""
+"""`athanor compile`: the main job — find a faster, verified forward pass for a model and its traffic; and
+`athanor watch`, which runs it again when a server's traffic drifts (`athanor.loop.watch`)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--cli-time-limit", type=float, default=None)
     p.set_defaults(func=cmd_compile)
 
+    w = sub.add_parser("watch", help="follow a request log; on drift, recompile and deploy the winner")
+    w.add_argument("--model", default="smollm2-135m")
+    w.add_argument("--log", required=True, help="the server's request log (JSONL) to follow")
+    w.add_argument("--server", required=True, help="the server's URL, e.g. http://127.0.0.1:8000")
+    w.add_argument("--admin-token-file", default="", help="file holding the server's admin token")
+    w.add_argument("--budget", default="10m", help="time budget of each compile session (e.g. 90s, 10m)")
+    w.add_argument("--window", default="60s", help="traffic window compared for drift (e.g. 60s, 10m)")
+    w.add_argument("--state", default="", help="state file (default: LOG.watch.json); survives restarts")
+    w.add_argument("--workdir", default="", help="where compile sessions and winners go (default: beside the state)")
+    w.add_argument("--device", default="cpu")
+    w.add_argument("--once", action="store_true", help="stop at the end of the log instead of following it")
+    w.set_defaults(func=cmd_watch)
+
 
 def cmd_compile(args: argparse.Namespace) -> int:
     import dataclasses
@@ -82,6 +96,22 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if report.interrupted:
         return 130
     return 0 if report.verified else 1
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    import logging
+
+    from athanor.commands.serve import read_admin_token
+    from athanor.loop.watch import WatchOptions, watch
+
+    logging.getLogger("athanor").setLevel(logging.INFO)
+    options = WatchOptions(model=args.model, log=args.log, server=args.server,
+                           admin_token=read_admin_token(args.admin_token_file), budget=args.budget,
+                           window=args.window, state=args.state, workdir=args.workdir, device=args.device,
+                           follow=not args.once)
+    for line in watch(options):
+        print(line, flush=True)
+    return 0
 
 
 def _print_summary(console, summary: dict) -> None:

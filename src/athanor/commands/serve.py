@@ -1,4 +1,5 @@
-"""`athanor serve`, `athanor watch` and `athanor bench serve`: thin wrappers over `athanor.serve`.
+"""`athanor serve` and `athanor bench serve`: thin wrappers over `athanor.serve` (`athanor watch`, which
+follows a server's log, is the loop's: commands/compile.py).
 
 `bench serve` joins the `bench` command's sub-parsers (see commands/bench.py, which stores them as the
 `bench_subparsers` default of the `bench` parser; `bench` registers before `serve`).
@@ -35,19 +36,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-sandbox", action="store_true", help="run candidate code unconfined (trusted code only)")
     p.set_defaults(func=cmd_serve)
 
-    w = sub.add_parser("watch", help="follow a request log; on drift, recompile and deploy the winner")
-    w.add_argument("--model", default="smollm2-135m")
-    w.add_argument("--log", required=True, help="the server's request log (JSONL) to follow")
-    w.add_argument("--server", required=True, help="the server's URL, e.g. http://127.0.0.1:8000")
-    w.add_argument("--admin-token-file", default="", help="file holding the server's admin token")
-    w.add_argument("--budget", default="10m", help="time budget of each compile session (e.g. 90s, 10m)")
-    w.add_argument("--window", default="60s", help="traffic window compared for drift (e.g. 60s, 10m)")
-    w.add_argument("--state", default="", help="state file (default: LOG.watch.json); survives restarts")
-    w.add_argument("--workdir", default="", help="where compile sessions and winners go (default: beside the state)")
-    w.add_argument("--device", default="cpu")
-    w.add_argument("--once", action="store_true", help="stop at the end of the log instead of following it")
-    w.set_defaults(func=cmd_watch)
-
     # `bench` registers first (see COMMAND_MODULES in athanor.cli) and keeps its sub-parsers as a default.
     _register_bench(sub.choices["bench"].get_default("bench_subparsers"))
 
@@ -68,7 +56,8 @@ def _register_bench(bench_sub: argparse._SubParsersAction) -> None:
     b.set_defaults(func=cmd_bench_serve)
 
 
-def _read_token(path: str) -> str:
+def read_admin_token(path: str) -> str:
+    """The admin bearer token in the file at `path` (`--admin-token-file`); "" when no file is given."""
     from athanor.errors import ConfigError
 
     if not path:
@@ -98,7 +87,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options = ServeOptions(
         model=args.model, candidate_dir=args.candidate, served_model_name=args.served_model_name, device=args.device,
         dtype=args.dtype, max_seqs=args.max_seqs, max_seq_len=args.max_seq_len, threads=args.threads,
-        sandbox=not args.no_sandbox, admin_token=_read_token(args.admin_token_file), log_path=args.log,
+        sandbox=not args.no_sandbox, admin_token=read_admin_token(args.admin_token_file), log_path=args.log,
         log_prompts=args.log_prompts, store=args.store,
         scheduler=SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens, max_queue=args.max_queue))
     logging.getLogger("athanor").setLevel(logging.INFO)
@@ -120,15 +109,3 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
           f"TTFT p50 {s['ttft_s']['p50']:.3f}s, TPOT p50 {s['tpot_s']['p50']:.4f}s, "
           f"goodput {s['goodput_requests_per_s']:.2f} req/s" + written(out))
     return 0 if s["failed"] == 0 else 1
-
-
-def cmd_watch(args: argparse.Namespace) -> int:
-    from athanor.loop.watch import WatchOptions, watch
-
-    logging.getLogger("athanor").setLevel(logging.INFO)
-    options = WatchOptions(model=args.model, log=args.log, server=args.server,
-                           admin_token=_read_token(args.admin_token_file), budget=args.budget, window=args.window,
-                           state=args.state, workdir=args.workdir, device=args.device, follow=not args.once)
-    for line in watch(options):
-        print(line, flush=True)
-    return 0
