@@ -2,8 +2,10 @@
 
 The interface knows nothing of the transport: a subclass supplies `call(request, timeout_s)`
 and every typed method follows from it, so an engine worker can later be a Ray actor. The zmq
-implementation connects a DEALER socket to the worker's ROUTER over a unix socket; any number
-of clients may connect to one worker, whose requests it serves in arrival order.
+implementation connects a DEALER socket to the worker's ROUTER over a unix socket and signs every
+request with the worker's key (`athanor.engine.auth`; the worker drops what does not verify); any
+number of clients holding the key may connect to one worker, whose requests it serves in arrival
+order.
 
 Replies are data: a candidate that fails gives a reply whose `status` says how. Only a worker
 that does not answer at all raises (`EngineDied`).
@@ -21,6 +23,7 @@ from typing import Any, TypeVar
 import torch
 import zmq
 
+from athanor.engine import auth
 from athanor.engine import protocol as p
 from athanor.engine.candidate import Candidate
 from athanor.errors import CandidateError, ConfigError, EngineDied
@@ -120,10 +123,17 @@ def check(reply: R) -> R:
 
 
 class ZmqEngineClient(EngineClient):
-    """An EngineClient over zmq; thread-safe (one request in flight per client at a time)."""
+    """An EngineClient over zmq; thread-safe (one request in flight per client at a time).
 
-    def __init__(self, socket_path: str, timeout_s: float = 60.0, context: zmq.Context | None = None) -> None:
+    `key` is the worker's request key (`Supervisor.client_key`, or `Supervisor.connect()`); requests
+    signed with any other key are dropped by the worker, so the client sees a timeout."""
+
+    def __init__(self, socket_path: str, *, key: bytes, timeout_s: float = 60.0,
+                 context: zmq.Context | None = None) -> None:
+        if len(key) != auth.KEY_BYTES:
+            raise ValueError(f"an engine key has {auth.KEY_BYTES} bytes, not {len(key)}")
         self.endpoint = f"ipc://{socket_path}"
+        self.key = key
         self.timeout_s = timeout_s
         self._ctx = context or zmq.Context.instance()
         self._lock = threading.Lock()
@@ -151,7 +161,7 @@ class ZmqEngineClient(EngineClient):
         name = type(request).__name__
         with self._lock:
             request_id = next(self._ids)
-            self._sock.send_multipart(p.encode(request, request_id), copy=False)
+            self._sock.send_multipart(auth.sign(self.key, p.encode(request, request_id)), copy=False)
             deadline = time.monotonic() + timeout
             while True:
                 left = deadline - time.monotonic()

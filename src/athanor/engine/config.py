@@ -27,9 +27,13 @@ class SandboxConfig:
     network: bool = True
     """Give the worker its own, empty network namespace (and block TCP with Landlock where available)."""
     filesystem: bool = True
-    """Allow writes only to the scratch dir, the compile caches, /dev and /dev/shm (Landlock)."""
+    """Allow writes only to the scratch dir, /dev and /dev/shm, and the shared compile cache for a trusted worker
+    (Landlock)."""
     memory_limit_bytes: int = 0
     """RLIMIT_DATA of the worker; 0: 90% of physical memory; -1: no limit. (Not RLIMIT_AS: it breaks CUDA.)"""
+    namespaces: bool = True
+    """Start the worker in its own PID and mount namespaces (`athanor.engine.namespaces`): every process it
+    starts dies with it, /dev/shm and TMPDIR are its own tmpfs, the shared compile cache is read-only to it."""
 
 
 @dataclass(frozen=True)
@@ -55,10 +59,15 @@ class EngineConfig:
     scratch_dir: str = ""
     """The worker's scratch root (candidates get a directory each under it)."""
     cache_dir: str = ""
-    """Shared on-disk Inductor / Triton / CUDA caches, kept across swaps and respawns; empty: compile/ under athanor.settings.cache_dir()."""
+    """Shared on-disk Inductor / Triton / CUDA caches, kept across swaps and respawns, written only by trusted
+    workers (see `trusted`); empty: compile/ under athanor.settings.cache_dir()."""
     socket_path: str = ""
     """Unix socket the worker serves on (a filesystem path: it works across network namespaces)."""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    trusted: bool = False
+    """The worker never imports candidate code (the evaluator's reference): only such a worker writes the
+    shared compile cache. Every other sandboxed worker sees it read-only, its own compiles going to a cache
+    of its own (Triton and Inductor load a cached binary by key without checking it)."""
     seed: int = 0
     """Seed of random-weight models."""
     cpu_threads: int = 0
@@ -80,9 +89,9 @@ class EngineConfig:
             return Path(self.cache_dir)
         return settings.cache_dir() / "compile"
 
-    def cache_env(self) -> dict[str, str]:
-        """Environment that points every compiler cache at the shared directory."""
-        root = self.compile_cache_dir()
+    def cache_env(self, root: Path | None = None) -> dict[str, str]:
+        """Environment that points every compiler cache at `root` (default: the shared directory)."""
+        root = root or self.compile_cache_dir()
         return {
             "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
             "TRITON_CACHE_DIR": str(root / "triton"),

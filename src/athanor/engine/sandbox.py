@@ -9,7 +9,8 @@ candidate could walk around; `athanor.engine.violations` only *reports* attempts
 - network: `unshare(CLONE_NEWNET)` (as root), else `CLONE_NEWUSER | CLONE_NEWNET`; the new
   namespace has only a loopback that is down. Landlock (ABI >= 4) also refuses TCP bind/connect.
 - filesystem: Landlock refuses every write, create, remove, rename and truncate outside the
-  writable directories (scratch, compile caches, /dev incl. /dev/shm, /proc/self). Reads stay open.
+  writable directories (scratch, /dev incl. /dev/shm, /proc/self, and the shared compile cache for
+  a trusted worker only). Reads stay open.
 - signals and abstract unix sockets: Landlock scopes (ABI >= 6), so a candidate cannot signal
   or connect to processes outside its sandbox (e.g. the supervisor).
 - memory: RLIMIT_DATA (RLIMIT_AS would break CUDA's address-space reservations).
@@ -188,6 +189,8 @@ def enter_sandbox(config: SandboxConfig, writable: Sequence[Path]) -> tuple[str,
     return tuple(lines)
 
 
-def default_writable(scratch_dir: Path, cache_dir: Path, socket_dir: Path) -> list[Path]:
-    """Where a worker may write: its scratch, the caches, its socket, devices and its own /proc entry."""
-    return [scratch_dir, cache_dir, socket_dir, Path("/dev"), Path(f"/proc/{os.getpid()}")]
+def default_writable(scratch_dir: Path, socket_dir: Path, shared_cache: Path | None = None) -> list[Path]:
+    """Where a worker may write: its scratch (its own compile cache included), its socket, devices, its own
+    /proc entry, and the shared compile cache only where given (a trusted worker's)."""
+    own_proc = Path("/proc") / os.readlink("/proc/self")  # its pid as the mounted /proc numbers it
+    return [scratch_dir, *([shared_cache] if shared_cache else []), socket_dir, Path("/dev"), own_proc]

@@ -8,6 +8,12 @@ request finds the engine answering again.
 
 The incumbent is the last candidate swapped in without `keep_incumbent` (a challenger swapped
 in beside it does not replace it until the caller swaps it in alone).
+
+Each start gives the worker a fresh request key through a pipe on its stdin (`athanor.engine.auth`);
+the supervisor's own client signs with it and `connect()` hands out others. A sandboxed worker runs
+in its own PID namespace (`athanor.engine.namespaces`), so stopping it stops every process it
+started; `worker_pid`, `signal_all`, `cpu_seconds` and `extra_processes` read and signal that
+namespace from this side, for a caller that accounts for or freezes a worker's time.
 """
 
 from __future__ import annotations
@@ -19,7 +25,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -27,10 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from athanor.engine import auth, procs
 from athanor.engine import protocol as p
 from athanor.engine.candidate import Candidate, baseline_candidate
 from athanor.engine.client import EngineClient, EngineLost, ZmqEngineClient
 from athanor.engine.config import EngineConfig
+from athanor.engine.namespaces import command
 from athanor.errors import EngineDied
 
 log = logging.getLogger(__name__)
@@ -75,6 +82,9 @@ class Supervisor(EngineClient):
         self.last_start_s = 0.0
         """Seconds from process start to the incumbent built and its first step done, at the last (re)start."""
         self._proc: subprocess.Popen[bytes] | None = None
+        self._key = b""
+        self._tree: tuple[int, int | None] | None = None
+        """(the worker's pid, its namespace's init or None), found once the worker answers."""
         self._client: ZmqEngineClient | None = None
         self._lock = threading.RLock()
 
@@ -90,7 +100,17 @@ class Supervisor(EngineClient):
 
     @property
     def pid(self) -> int | None:
+        """The process this supervisor started (the namespace launcher, or the worker itself without one)."""
         return self._proc.pid if self._proc else None
+
+    @property
+    def client_key(self) -> bytes:
+        """The running worker's request key, for another `ZmqEngineClient`; a new one at every (re)start."""
+        return self._key
+
+    def connect(self, timeout_s: float = 60.0) -> ZmqEngineClient:
+        """Another client of the running worker (valid until it is respawned: the key changes then)."""
+        return ZmqEngineClient(self.socket_path, key=self._key, timeout_s=timeout_s)
 
     def is_alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
@@ -104,15 +124,19 @@ class Supervisor(EngineClient):
             config_path.write_text(self.config.to_json())
             env = dict(os.environ, **self.config.cache_env())
             env.setdefault("PYTHONUNBUFFERED", "1")
+            sandbox = self.config.sandbox
+            self._key = auth.new_key()
             with open(self.log_path, "ab") as log_file:
                 self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "athanor.engine.worker", str(config_path)],
-                    stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-                    start_new_session=True,  # its own process group: killing it kills its children too
+                    command("athanor.engine.worker", str(config_path), sandbox.enabled and sandbox.namespaces),
+                    stdin=subprocess.PIPE, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                    start_new_session=True,  # its own process group: killpg reaches it even without a namespace
                 )
+            auth.give_key(self._proc, self._key)
             if self._client is None:
-                self._client = ZmqEngineClient(self.socket_path)
+                self._client = ZmqEngineClient(self.socket_path, key=self._key)
             else:
+                self._client.key = self._key
                 self._client.reconnect()
             try:
                 self._client.call_checked(p.HealthRequest(), self.timeouts.start_s, self.is_alive)
@@ -130,7 +154,8 @@ class Supervisor(EngineClient):
                 last = self.log_tail(1).strip() or str(e)
                 raise EngineDied(f"the engine worker did not start: {last} (log: {self.log_path})") from None
             self.last_start_s = time.perf_counter() - t0
-            log.info("engine worker %d up in %.2fs with %s", self._proc.pid, self.last_start_s, self.incumbent.id)
+            self._tree = procs.find_worker(self._proc.pid)
+            log.info("engine worker %s up in %.2fs with %s", self.worker_pid, self.last_start_s, self.incumbent.id)
             return self.last_start_s
 
     def respawn(self) -> float:
@@ -141,11 +166,80 @@ class Supervisor(EngineClient):
 
     def _stop_process(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
+        tree, self._tree = self._tree, None
+        if proc is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        init = tree[1] if tree else None
+        if init is not None and proc.poll() is None:
+            # The init's exit kills and reaps every process of the namespace; the launcher exits after it.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(init, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+        elif tree is not None:  # no namespace: the worker's descendants that are still its descendants
+            for pid in procs.descendants(tree[0]):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if tree is not None:
+            deadline = time.monotonic() + 5
+            while not procs.is_gone(tree[0]) and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+    # -- the worker's processes, read from this side ------------------------------------------------
+    @property
+    def worker_pid(self) -> int | None:
+        """The pid (in this process's PID namespace) of the running Python worker process itself."""
+        if self._tree is None or not self.is_alive() or procs.is_gone(self._tree[0]):
+            return None
+        return self._tree[0]
+
+    def _processes(self) -> list[int]:
+        """The worker and every live process it or a candidate started (its namespace's, all but the init)."""
+        if self._tree is None or not self.is_alive():
+            return []
+        worker, init = self._tree
+        return procs.descendants(init) if init is not None else [worker, *procs.descendants(worker)]
+
+    def signal_all(self, sig: int) -> None:
+        """Send `sig` (SIGSTOP, SIGCONT) to every live process of the worker: its namespace, parents first,
+        again until no new process appears (one started between the listing and the signal)."""
+        done: set[int] = set()
+        for _ in range(20):
+            new = [pid for pid in self._processes() if pid not in done]
+            if not new:
+                return
+            for pid in new:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+                done.add(pid)
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU seconds of the worker (all threads), its reaped children, the live processes of
+        its namespace (and theirs), and the orphans its namespace's init reaped."""
+        if self._tree is None:
+            return 0.0
+        ticks = 0
+        init = self._tree[1]
+        for pid in self._processes():
+            st = procs.stat(pid)
+            if st is not None:
+                ticks += st.ticks + st.child_ticks
+        if init is not None and (st := procs.stat(init)) is not None:
+            ticks += st.child_ticks
+        return ticks / procs.CLK_TCK
+
+    def extra_processes(self) -> list[str]:
+        """Live processes of the worker's namespace other than the worker itself, as "pid comm"."""
+        worker = self.worker_pid
+        out = []
+        for pid in self._processes():
+            if pid != worker and (st := procs.stat(pid)) is not None:
+                out.append(f"{pid} {st.comm}")
+        return out
 
     def log_tail(self, lines: int = 15) -> str:
         try:

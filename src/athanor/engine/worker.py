@@ -1,9 +1,12 @@
 """The engine worker process: `python -m athanor.engine.worker CONFIG.json`.
 
-Order matters: read the config, enter the sandbox while still single-threaded (no torch
-yet), point the compile caches at the shared directory, then import torch, load the model
-once, and answer requests on a zmq ROUTER socket until told to stop or orphaned. Requests are
-handled one at a time, in arrival order, whichever client sent them.
+Order matters: read the request key from stdin and the config, make the worker's private mounts
+(`athanor.engine.namespaces`: /proc, /dev/shm, TMPDIR, the compile cache), point the compile
+caches at the cache this worker may use, enter the sandbox and drop every capability while still
+single-threaded (no torch yet), then import torch, load the model once, and answer requests on a
+zmq ROUTER socket until told to stop or orphaned. A request whose MAC does not verify under the key
+(`athanor.engine.auth`) is dropped unread; the others are handled one at a time, in arrival order,
+whichever client sent them.
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from athanor.engine import auth
 from athanor.engine.config import EngineConfig
+from athanor.engine.credentials import drop_credentials
+from athanor.engine.namespaces import launch_info, private_mounts
 from athanor.engine.sandbox import default_writable, enter_sandbox
 
 if TYPE_CHECKING:
@@ -52,19 +58,26 @@ def _load_model(config: EngineConfig) -> Model:
     return model
 
 
-def boot(config: EngineConfig) -> Engine:
+def boot(config: EngineConfig, transport: str = "") -> Engine:
     """Enter the sandbox, load the model once and return the sealed `Engine` (no socket yet).
 
-    The engine's RPC loop (`serve`) and the serving loop (`athanor.serve.worker`) both start here.
+    The engine's RPC loop (`serve`) and the serving loop (`athanor.serve.worker`) both start here;
+    `transport` is their report line on how requests are authenticated.
     """
     scratch = Path(config.scratch_dir)
-    cache = config.compile_cache_dir()
-    for name, value in config.cache_env().items():
-        os.environ.setdefault(name, value)
-    os.environ["TMPDIR"] = str(scratch / "tmp")
     (scratch / "tmp").mkdir(parents=True, exist_ok=True)
-    writable = default_writable(scratch, cache, Path(config.socket_path).parent)
-    report = enter_sandbox(config.sandbox, writable)
+    shared = config.compile_cache_dir()
+    if config.sandbox.enabled:
+        lines, cache = private_mounts(config, launch_info())
+    else:
+        lines, cache = [], shared
+    for name, value in config.cache_env(cache).items():
+        os.environ[name] = value
+    os.environ["TMPDIR"] = str(scratch / "tmp")
+    writable = default_writable(scratch, Path(config.socket_path).parent, shared if cache == shared else None)
+    report = ([transport] if transport else []) + lines + list(enter_sandbox(config.sandbox, writable))
+    if config.sandbox.enabled:
+        report.append(drop_credentials())  # last: the namespaces, mounts and Landlock above need capabilities
     for line in report:
         if "NOT" in line or "DISABLED" in line:
             log.warning("sandbox: %s", line)
@@ -86,7 +99,7 @@ def boot(config: EngineConfig) -> Engine:
     t0 = time.perf_counter()
     model = _load_model(config)
     log.info("loaded %s on %s in %.2fs", config.model, config.device, time.perf_counter() - t0)
-    engine = Engine(config, model, report)
+    engine = Engine(config, model, tuple(report))
     _rebind_like_dynamo(torch)
     engine.seal([str(w) for w in writable])
     torch.set_grad_enabled(False)  # an inference engine: no autograd state on any candidate's tensors
@@ -107,22 +120,29 @@ def _rebind_like_dynamo(torch: Any) -> None:
         torch.jit._builtins._register_builtin(torch.manual_seed, "aten::manual_seed")
 
 
-def serve(config: EngineConfig) -> int:
+def serve(config: EngineConfig, key: bytes) -> int:
     import zmq
 
     from athanor.engine import protocol as p
 
     socket_path = Path(config.socket_path)
-    engine = boot(config)
+    engine = boot(config, auth.REPORT)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     socket_path.unlink(missing_ok=True)
     sock.bind(f"ipc://{socket_path}")
     exit_with_parent()
+    dropped = 0
     while True:
         frames = sock.recv_multipart(copy=True)
-        ident, body = frames[0], frames[1:]
+        ident, signed = frames[0], frames[1:]
+        body = auth.verify(key, signed)
+        if body is None:  # not from a holder of the key: never decoded, never answered
+            dropped += 1
+            if dropped <= 10 or dropped % 1000 == 0:
+                log.warning("dropped a request without a valid MAC (%d so far)", dropped)
+            continue
         try:
             request_id, request = p.decode(body)
         except p.ProtocolError as e:
@@ -154,9 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         sys.stderr.write("usage: python -m athanor.engine.worker CONFIG.json\n")
         return 2
+    key = auth.read_key()  # first: nothing else may read the pipe
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(name)s: %(message)s")
     config = EngineConfig.from_json(Path(args[0]).read_text())
-    return serve(config)
+    return serve(config, key)
 
 
 if __name__ == "__main__":

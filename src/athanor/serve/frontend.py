@@ -17,7 +17,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 from collections import deque
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -26,6 +25,8 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from athanor.engine import auth
+from athanor.engine.namespaces import command
 from athanor.errors import EngineDied
 from athanor.serve import messages as m
 from athanor.serve.config import WorkerConfig
@@ -46,6 +47,7 @@ class WorkerHandle:
         self.num_respawns = 0
         self.active_candidate = ""
         self._proc: subprocess.Popen[bytes] | None = None
+        self._key = b""
         self._ctx = zmq.asyncio.Context()
         self._sock: zmq.asyncio.Socket | None = None
         self._queues: dict[str, asyncio.Queue[Event]] = {}
@@ -79,10 +81,13 @@ class WorkerHandle:
         config_path.write_text(json.dumps(self.config.to_dict(), indent=1))
         env = dict(os.environ, **self.config.engine.cache_env())
         env.setdefault("PYTHONUNBUFFERED", "1")
+        sandbox = self.config.engine.sandbox
+        self._key = auth.new_key()  # a new one per worker: what a candidate read of the last is worthless
         with open(self.log_path, "ab") as log_file:
-            self._proc = subprocess.Popen([sys.executable, "-m", "athanor.serve.worker", str(config_path)],
-                                          stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                          env=env, start_new_session=True)
+            self._proc = subprocess.Popen(
+                command("athanor.serve.worker", str(config_path), sandbox.enabled and sandbox.namespaces),
+                stdin=subprocess.PIPE, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        auth.give_key(self._proc, self._key)
         if self._sock is None:  # kept across respawns: zmq reconnects to the new worker's socket by itself
             self._sock = self._ctx.socket(zmq.DEALER)
             self._sock.setsockopt(zmq.LINGER, 0)
@@ -135,7 +140,7 @@ class WorkerHandle:
     # -- requests ---------------------------------------------------------------------------------
     async def _send(self, message: object) -> None:
         assert self._sock is not None
-        await self._sock.send(m.encode(message))
+        await self._sock.send_multipart(auth.sign(self._key, [m.encode(message)]))
 
     async def submit(self, request: m.Submit) -> asyncio.Queue[Event]:
         """Queue `request` in the worker; its outputs (or a `Rejected`) arrive on the returned queue."""

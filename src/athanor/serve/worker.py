@@ -3,7 +3,8 @@
 The engine worker's boot (sandbox first, then the model loaded once into an `Engine` with its
 resident candidates), then the step loop of continuous batching instead of the engine's one-RPC-
 at-a-time loop (docs/architecture.md: the step loop runs inside the engine process). Each turn drains the
-socket (submits, aborts, deploys, status queries), runs one step, and sends each front end one
+socket (submits, aborts, deploys, status queries, each signed with the key the front end passed on
+stdin; any other is dropped unread), runs one step, and sends each front end one
 `StepReport` with every token that step produced for its requests.
 
 A deploy builds the challenger beside the incumbent (`Engine.swap(keep_incumbent=True)`), runs the
@@ -22,6 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from athanor.engine.auth import REPORT, read_key, verify
 from athanor.serve import messages as m
 from athanor.serve.config import WorkerConfig
 
@@ -39,13 +41,16 @@ MAX_PROBES = 2
 
 
 class ServingLoop:
-    def __init__(self, config: WorkerConfig, engine: Engine, sock: zmq.Socket) -> None:
+    def __init__(self, config: WorkerConfig, engine: Engine, sock: zmq.Socket, key: bytes) -> None:
         from athanor.serve.executor import Executor
         from athanor.serve.scheduler import Scheduler
 
         self.config = config
         self.engine = engine
         self.sock = sock
+        self.key = key
+        """The front end's request key (`athanor.engine.auth`): a message whose MAC fails is dropped unread."""
+        self.dropped = 0
         ec = config.engine
         self.scheduler = Scheduler(config.scheduler, ec.max_seqs, ec.max_seq_len)
         self.executor = Executor(engine, self.scheduler)
@@ -75,11 +80,17 @@ class ServingLoop:
             return
         while True:
             try:
-                ident, frame = self.sock.recv_multipart(flags=zmq.NOBLOCK)
+                ident, *signed = self.sock.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:
                 return
+            body = verify(self.key, signed)
+            if body is None or len(body) != 1:  # not from a holder of the key: never decoded
+                self.dropped += 1
+                if self.dropped <= 10 or self.dropped % 1000 == 0:
+                    log.warning("dropped a message without a valid MAC (%d so far)", self.dropped)
+                continue
             try:
-                msg = m.decode(frame)
+                msg = m.decode(body[0])
             except m.MessageError as e:
                 log.warning("dropped a malformed message: %s", e)
                 continue
@@ -289,13 +300,13 @@ class ServingLoop:
                 time.sleep(0.002)  # waiting for probes or a decision: do not spin a core
 
 
-def run_worker(config: WorkerConfig) -> int:
+def run_worker(config: WorkerConfig, key: bytes) -> int:
     from athanor.engine import protocol as p
     from athanor.engine.candidate import baseline_candidate
     from athanor.engine.candidate_dir import load_candidate_dir
     from athanor.engine.worker import boot, exit_with_parent
 
-    engine = boot(config.engine)
+    engine = boot(config.engine, REPORT)
     import zmq
 
     incumbent = load_candidate_dir(config.candidate_dir) if config.candidate_dir else baseline_candidate()
@@ -314,7 +325,7 @@ def run_worker(config: WorkerConfig) -> int:
     sock.bind(f"ipc://{path}")
     exit_with_parent()
     log.info("serving %s on %s", engine.active, path)
-    ServingLoop(config, engine, sock).run()
+    ServingLoop(config, engine, sock, key).run()
     sock.close()
     ctx.term()
     return 0
@@ -325,9 +336,10 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         sys.stderr.write("usage: python -m athanor.serve.worker CONFIG.json\n")
         return 2
+    key = read_key()  # first: nothing else may read the pipe
     logging.basicConfig(level=logging.INFO, format="%(asctime)s serve-worker %(levelname)s %(name)s: %(message)s")
     config = WorkerConfig.from_dict(json.loads(Path(args[0]).read_text()))
-    return run_worker(config)
+    return run_worker(config, key)
 
 
 if __name__ == "__main__":

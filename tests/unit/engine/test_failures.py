@@ -9,7 +9,6 @@ from pathlib import Path
 from engine_candidates import patched
 
 from athanor.engine.candidate import Candidate, baseline_candidate
-from athanor.engine.client import ZmqEngineClient
 from athanor.engine.supervisor import Supervisor
 
 PROMPTS = [[3, 1, 4], [1, 5]]
@@ -54,7 +53,7 @@ def test_two_clients_at_once(fresh: Supervisor) -> None:
     results: list[list[object]] = [[], []]
 
     def work(out: list[object]) -> None:
-        client = ZmqEngineClient(fresh.socket_path, timeout_s=30)
+        client = fresh.connect(timeout_s=30)
         try:
             for _ in range(15):
                 out.append(client.generate(PROMPTS, 5).tokens)

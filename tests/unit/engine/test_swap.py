@@ -8,6 +8,7 @@ import torch
 import zmq
 from engine_candidates import CONFIG, CONSTANT_DECODE, patched
 
+from athanor.engine import auth
 from athanor.engine import protocol as p
 from athanor.engine.candidate import Candidate, baseline_candidate
 from athanor.engine.supervisor import Supervisor
@@ -122,7 +123,7 @@ def test_bad_requests_are_refused_and_the_engine_keeps_running(fresh: Supervisor
         header = {"v": p.PROTOCOL_VERSION, "id": 5, "body": {"__type__": "LaunchMissiles", "fields": {}}}
         for frame, message in ((json.dumps(header).encode(), "unknown RPC 'LaunchMissiles'"),
                                (b"not json", "not JSON")):
-            sock.send(frame)
+            sock.send_multipart(auth.sign(fresh.client_key, [frame]))
             assert sock.poll(10_000)
             _, reply = p.decode(sock.recv_multipart())
             assert reply.status == "invalid" and message in reply.error, reply
