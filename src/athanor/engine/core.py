@@ -21,7 +21,7 @@ from types import ModuleType
 import torch
 
 from athanor.engine import protocol as p
-from athanor.engine import trajectory
+from athanor.engine import stepwise, trajectory
 from athanor.engine.candidate import Candidate, format_exception, import_candidate, unload_module
 from athanor.engine.config import EngineConfig
 from athanor.engine.graphs import DecodeRunner, StepInputs, check_logits
@@ -197,6 +197,7 @@ class Engine:
         self._restore_namespaces()
         if "torch._dynamo" in sys.modules:  # importing Dynamo just to reset it would cost a second
             torch._dynamo.reset()
+        gc.unfreeze()  # what a trajectory froze (`stepwise`) may now be the dropped candidate's garbage
         gc.collect()
         if self.device.type == "cuda":
             # Workspaces cuBLAS cached for the dropped candidate's streams, then the allocator's free blocks.
@@ -294,6 +295,10 @@ class Engine:
         """Interleaved, timed, poisoned and fingerprinted runs for the evaluator."""
         return trajectory.run_trajectory(self, req)
 
+    def step(self, req: p.StepRequest) -> p.StepReply:
+        """One step of a trajectory the evaluator interleaves across processes."""
+        return stepwise.run_step(self, req)
+
     def probe(self, req: p.ProbeRequest) -> p.ProbeReply:
         return trajectory.probe(self, req)
 
@@ -321,7 +326,7 @@ class Engine:
             p.HealthRequest: self.health, p.StatsRequest: self.stats, p.SwapRequest: self.swap,
             p.ActivateRequest: self.activate, p.DropRequest: self.drop, p.RunRequest: self.run,
             p.GenerateRequest: self.generate, p.MeasureRequest: self.measure,
-            p.TrajectoryRequest: self.trajectory, p.ProbeRequest: self.probe,
+            p.TrajectoryRequest: self.trajectory, p.ProbeRequest: self.probe, p.StepRequest: self.step,
         }.get(type(request))
         if handler is None:
             return p.AckReply("invalid", f"unknown RPC {type(request).__name__!r}")

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from athanor.engine.candidate import Candidate, CandidateManifest
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 Status = Literal["ok", "error", "invalid", "crashed", "timeout", "violation"]
 """ok: done. error: the candidate raised (incumbent kept). invalid: the request itself is wrong
@@ -149,6 +149,26 @@ class TrajectoryRequest:
 
 
 @dataclass(frozen=True)
+class StepRequest:
+    """Run one scripted step on one resident, timed, poisoned and fingerprinted (`athanor.engine.stepwise`).
+
+    The evaluator drives an interleaved trajectory a step at a time across worker processes, so step k's inputs
+    reach a worker only after its outputs of step k-1 have left it. `step` carries no next tokens (they are the
+    next step's inputs): they come with the following request as `score_next`, scored against the logits the
+    worker kept from this resident's last step. `step=None` only scores; `collect` runs the garbage collector
+    after (the evaluator asks for it once a trajectory is over, outside every timed step)."""
+
+    candidate_id: str
+    step: ScriptStep | None = None
+    score_next: Tensor | None = None
+    seed: int = 0
+    num_projections: int = 8
+    poison: bool = True
+    return_logits: bool = False
+    collect: bool = False
+
+
+@dataclass(frozen=True)
 class ProbeRequest:
     """Integrity figures of the worker: weights digest, tampered names, candidate threads, bandwidth."""
 
@@ -246,6 +266,19 @@ class TrajectoryReply:
 
 
 @dataclass(frozen=True)
+class StepReply:
+    status: Status = "ok"
+    error: str = ""
+    seconds: float = 0.0  # the worker's own measure of the step (device events on CUDA, its clock on CPU)
+    fingerprint: Tensor | None = None  # [B, P + 4] fp32; log p(next) is NaN until the next request scores it
+    tokens: Tensor | None = None  # [B] int64 argmax
+    logits: Tensor | None = None  # [B, V] fp32 when asked for
+    scored: Tensor | None = None  # [B'] log p of `score_next` under the resident's previous step's logits
+    used_graph: bool = False
+    violations: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ProbeReply:
     status: Status = "ok"
     error: str = ""
@@ -268,13 +301,14 @@ REPLY_FOR: dict[type, type] = {
     ShutdownRequest: AckReply,
     TrajectoryRequest: TrajectoryReply,
     ProbeRequest: ProbeReply,
+    StepRequest: StepReply,
 }
 """The reply type of each request type (a synthesized crash reply uses it too)."""
 
 MESSAGE_TYPES: dict[str, type] = {
     cls.__name__: cls
     for cls in (*REPLY_FOR, AckReply, HealthReply, StatsReply, SwapReply, RunReply, GenerateReply,
-                MeasureReply, TrajectoryReply, ProbeReply, ScriptStep, Candidate, CandidateManifest)
+                MeasureReply, TrajectoryReply, ProbeReply, StepReply, ScriptStep, Candidate, CandidateManifest)
 }
 
 

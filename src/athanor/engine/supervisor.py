@@ -197,7 +197,7 @@ class Supervisor(EngineClient):
             return None
         return self._tree[0]
 
-    def _processes(self) -> list[int]:
+    def processes(self) -> list[int]:
         """The worker and every live process it or a candidate started (its namespace's, all but the init)."""
         if self._tree is None or not self.is_alive():
             return []
@@ -209,7 +209,7 @@ class Supervisor(EngineClient):
         again until no new process appears (one started between the listing and the signal)."""
         done: set[int] = set()
         for _ in range(20):
-            new = [pid for pid in self._processes() if pid not in done]
+            new = [pid for pid in self.processes() if pid not in done]
             if not new:
                 return
             for pid in new:
@@ -224,7 +224,7 @@ class Supervisor(EngineClient):
             return 0.0
         ticks = 0
         init = self._tree[1]
-        for pid in self._processes():
+        for pid in self.processes():
             st = procs.stat(pid)
             if st is not None:
                 ticks += st.ticks + st.child_ticks
@@ -236,7 +236,7 @@ class Supervisor(EngineClient):
         """Live processes of the worker's namespace other than the worker itself, as "pid comm"."""
         worker = self.worker_pid
         out = []
-        for pid in self._processes():
+        for pid in self.processes():
             if pid != worker and (st := procs.stat(pid)) is not None:
                 out.append(f"{pid} {st.comm}")
         return out

@@ -208,13 +208,24 @@ def fingerprint(logits: Tensor, proj: Tensor, next_tokens: Tensor | None) -> tup
     return feats, x.argmax(dim=-1)
 
 
-def _as_run(step: p.ScriptStep) -> p.RunRequest:
+def as_run_request(step: p.ScriptStep) -> p.RunRequest:
     b = int(step.slots.shape[0])
     return p.RunRequest(step.kind, step.tokens, step.positions, step.slots, step.seq_lens,
                         torch.zeros(b), torch.ones(b), torch.zeros(b, dtype=torch.long), cu_seqlens=step.cu_seqlens)
 
 
-def _poison(resident: Resident) -> None:
+def validate_step(engine: Engine, step: p.ScriptStep) -> Any:
+    """A script step's inputs on the engine's device, checked against its limits (BadRequest otherwise)."""
+    run = as_run_request(step)
+    cfg, vocab, device = engine.config, engine.model.spec.vocab_size, engine.device
+    if step.kind == "decode":
+        return validate_decode(run, cfg, vocab, device)
+    if step.kind == "prefill":
+        return validate_prefill(run, cfg, vocab, device)
+    raise BadRequest(f"trajectory: step kind must be decode or prefill, not {step.kind!r}")
+
+
+def poison_outputs(resident: Resident) -> None:
     for _graph, out_tokens, out_logits in resident.runner._graphs.values():
         out_logits.fill_(float("nan"))
         out_tokens.fill_(-1)
@@ -222,7 +233,7 @@ def _poison(resident: Resident) -> None:
 
 def _run_one(engine: Engine, resident: Resident, x: Any, kind: str) -> tuple[Tensor, Tensor | None, bool]:
     """(logits, the step's greedy tokens (None for a prefill), whether a graph ran)."""
-    if kind == "decode":  # script rows are greedy (`_as_run`): the argmax graph, as greedy serving runs
+    if kind == "decode":  # script rows are greedy (`as_run_request`): the argmax graph, as greedy serving runs
         tokens, logits, used_graph = resident.runner.step(x, greedy=True)
         return logits, tokens, used_graph
     batch: PrefillBatch = x[0]
@@ -230,7 +241,7 @@ def _run_one(engine: Engine, resident: Resident, x: Any, kind: str) -> tuple[Ten
     return out, None, False
 
 
-def _check_tokens(resident: Resident, tokens: Tensor | None, argmax: Tensor) -> None:
+def check_greedy_tokens(resident: Resident, tokens: Tensor | None, argmax: Tensor) -> None:
     """A forward that makes its own greedy tokens (`decode_greedy`) must hand back its logits' argmax: checked on every
     run, timed ones included (they are the same runs), so a candidate cannot win by skipping or faking them."""
     if tokens is None or not resident.runner.forward_tokens:
@@ -241,7 +252,7 @@ def _check_tokens(resident: Resident, tokens: Tensor | None, argmax: Tensor) -> 
                              f"{tokens[rows].tolist()} against {argmax[rows].tolist()})")
 
 
-class _Timer:
+class StepTimer:
     """Runs one step and times it: device events on CUDA (see the module docstring), the clock on CPU."""
 
     def __init__(self, engine: Engine) -> None:
@@ -258,7 +269,7 @@ class _Timer:
             return logits, tokens, graph, _clock() - t
         start, end = _Event(enable_timing=True), _Event(enable_timing=True)
         _cuda_sync(self.device)  # every stream, not only the engine's: nothing else runs in the window
-        # Greedy rows (`_as_run`), as in `_run_one`; staged before the window opens.
+        # Greedy rows (`as_run_request`), as in `_run_one`; staged before the window opens.
         staged = resident.runner.stage(x, greedy=True) if kind == "decode" else None
         if staged is None:
             start.record()
@@ -303,16 +314,8 @@ def run_trajectory(engine: Engine, req: p.TrajectoryRequest) -> p.TrajectoryRepl
         residents = [engine._resident(cid) for cid in req.candidate_ids]
         if not residents or not req.steps:
             raise BadRequest("trajectory: needs at least one candidate and one step")
-        cfg, vocab, device = engine.config, engine.model.spec.vocab_size, engine.device
-        inputs: list[Any] = []
-        for step in req.steps:
-            run = _as_run(step)
-            if step.kind == "decode":
-                inputs.append(validate_decode(run, cfg, vocab, device))
-            elif step.kind == "prefill":
-                inputs.append(validate_prefill(run, cfg, vocab, device))
-            else:
-                raise BadRequest(f"trajectory: step kind must be decode or prefill, not {step.kind!r}")
+        vocab, device = engine.model.spec.vocab_size, engine.device
+        inputs = [validate_step(engine, step) for step in req.steps]
         unknown = [cid for cid in req.logits_of if cid not in req.candidate_ids]
         if unknown:
             raise BadRequest(f"trajectory: logits_of names {', '.join(unknown)}, which the request does not list")
@@ -333,7 +336,7 @@ def run_trajectory(engine: Engine, req: p.TrajectoryRequest) -> p.TrajectoryRepl
     argmax: list[list[Tensor]] = [[] for _ in residents]
     kept: list[list[Tensor]] = [[] for _ in residents]
     used_graph = False
-    timer = _Timer(engine)
+    timer = StepTimer(engine)
     allocs = _allocator_counts(device)
     current = "?"
     gc_was_enabled = gc.isenabled()
@@ -347,14 +350,14 @@ def run_trajectory(engine: Engine, req: p.TrajectoryRequest) -> p.TrajectoryRepl
                     resident = last = residents[c]
                     current = resident.candidate.id
                     if req.poison:
-                        _poison(resident)
+                        poison_outputs(resident)
                     t0 = _clock()
                     logits, tokens, graph, seconds = timer.run(resident, x, step.kind)
                     t1 = _clock()
                     times[c, s] = seconds
                     used_graph |= graph
                     f, a = fingerprint(logits, proj, nexts[s])
-                    _check_tokens(resident, tokens, a)
+                    check_greedy_tokens(resident, tokens, a)
                     feats[c].append(f.cpu())
                     argmax[c].append(a.cpu())
                     t2 = _clock()

@@ -32,7 +32,7 @@ def test_greedy_steps_take_decode_greedy_and_check_what_it_returns() -> None:
     tokens, logits, used_graph = runner.step(x, greedy=True)
     assert calls == [1] and not used_graph and runner.forward_tokens
     assert torch.equal(tokens, (logits.argmax(-1) + 1) % spec.vocab_size)  # the runner passes them on (checking
-    # them against the logits is the evaluator's: `trajectory._check_tokens`)
+    # them against the logits is the evaluator's: `trajectory.check_greedy_tokens`)
     runner.step(x)  # a sampled step: decode(), not decode_greedy()
     assert calls == [1]
     forward.decode_greedy = forward.decode
