@@ -9,7 +9,8 @@ Modules, in the order of the cascade (docs/architecture.md, "The evaluator"):
 - `timing`: paired ratios, bootstrap interval, A/A floor, physical limit, rounds of pairs, the decision;
 - `objective`: GPU-seconds per 1,000 requests from the traffic's workload, tier projection;
 - `figures`: a tier's timed pairs priced and projected into its `TierResult`;
-- `cascade` / `engines`: the stages, the candidate and reference engine workers;
+- `cascade` / `engines`: the stages; the incumbent's, twin's, challenger's and reference's engine workers;
+- `interleave`: a trajectory driven a step at a time across those workers, timed by the evaluator's clock;
 - `lock`: the device lock; `verdict`: `Verdict`, `Measurement`.
 """
 

@@ -29,7 +29,7 @@ from athanor.evaluate.engines import IncumbentFailed, ReferenceFailed, TierEngin
 from athanor.evaluate.figures import ShapeRuns, tier_figures
 from athanor.evaluate.lock import device_lock
 from athanor.evaluate.static_checks import check_source
-from athanor.evaluate.timing import decide, impossible, next_round_pairs, too_noisy
+from athanor.evaluate.timing import decide, impossible, next_round_pairs, slowdown_low, too_noisy
 from athanor.evaluate.verdict import Speedup, TierResult, Verdict
 from athanor.model.registry import load_spec
 from athanor.provenance import triton_version
@@ -78,6 +78,8 @@ class Evaluator:
         self._workload: Workload | None = None
         self._last = p.TrajectoryReply()
         self._checked_dev = 0.0
+        self._calibration: dict[tuple[str, str], dict[obj.StepShape, np.ndarray]] = {}
+        """Per (tier, incumbent): its step times per timed shape, measured before a challenger was loaded."""
         """Fingerprint deviation of the last correctness check (bounds the timed runs' in quality mode)."""
 
     def workload(self) -> Workload:
@@ -112,7 +114,7 @@ class Evaluator:
         some inside its timed windows."""
         cfg = self.config
         timeout_s = cfg.timeouts.check_s
-        incumbent = engines.candidates.incumbent
+        incumbent = engines.incumbent.incumbent
         engines.prepare(incumbent, cfg.timeouts.swap_s)
         seed = secrets.randbits(31)
         text = scripts.TextSource(self.spec.vocab_size, seed)
@@ -203,6 +205,8 @@ class Evaluator:
         text = scripts.TextSource(self.spec.vocab_size, seed)
         run.enter("smoke")
         engines = self.engines(tier)
+        engines.prepare(incumbent, t.swap_s)
+        self._calibrate(tier, engines, incumbent, text, seed + 3)  # before the challenger is loaded
         swap = engines.load(incumbent, candidate, t.swap_s)
         tainted = False
         try:
@@ -221,7 +225,7 @@ class Evaluator:
             run.enter("integrity")
             tainted = self._integrity(engines, "integrity")
             run.enter("timing" if tier == "fast" else "slow")
-            result = self._time(tier, engines, ids, text, seed + 2, run.stage)
+            result = self._time(tier, engines, ids, text, seed + 2, run.stage, incumbent=incumbent)
             tainted = self._integrity(engines, run.stage)
             assert check is not None
             return replace(result, max_abs_err=check.max_abs_err, greedy_agreement=check.greedy_agreement,
@@ -230,7 +234,7 @@ class Evaluator:
             tainted = tainted or r.stage in ("integrity", "timing", "slow")
             raise
         finally:
-            engines.unload(incumbent, candidate, tainted or swap.status != "ok" or bool(swap.replaced))
+            engines.unload(candidate, tainted or swap.status != "ok" or bool(swap.replaced))
 
     def _checked(self, engines: TierEngines, ids: tuple[str, ...], script: scripts.Script, seed: int,
                  timeout_s: float, stage: str) -> Comparison | None:
@@ -280,7 +284,9 @@ class Evaluator:
         return False
 
     def _time(self, tier: str, engines: TierEngines, ids: tuple[str, ...], text: scripts.TextSource, seed: int,
-              stage: str) -> TierResult:
+              stage: str, incumbent: Candidate | None = None) -> TierResult:
+        """The tier's figures from timed rounds of every shape, pooled over attempts until the A/A interval is
+        narrow enough; with `incumbent`, its times beside the challenger are checked against its calibration."""
         cfg = self.config
         n, full = engines.num_layers, self.spec.num_layers
         shapes = self._shapes()
@@ -301,11 +307,52 @@ class Evaluator:
         else:
             raise Rejected(stage, f"too noisy to judge: the A/A interval stayed wider than ±{100 * cfg.noise_limit:.0f}%"
                                   f" ({cfg.max_attempts} attempts)", status="error")
+        if incumbent is not None:
+            self._check_incumbent(tier, engines, incumbent, pooled, text, seed + 5000, stage)
         for m in result.measurements:
             if impossible(m.candidate_s, m.floor_s, cfg.physical_slack):
                 raise Rejected(stage, f"impossibly fast: {m.kind} step of {1e3 * m.candidate_s:.3f} ms beats the "
                                       f"physical limit {1e3 * m.floor_s:.3f} ms (bytes / measured bandwidth)")
         return result
+
+    def _alone(self, engines: TierEngines, incumbent: Candidate, text: scripts.TextSource, shape: obj.StepShape,
+               seed: int) -> np.ndarray:
+        """Step times of the incumbent and its twin on `shape`, timed by themselves (the challenger's worker, if
+        any, stopped throughout)."""
+        script = self._shape_script(text, shape, self.config.calibration_steps)
+        reply = engines.run((incumbent.id, twin_of(incumbent).id), script, seed, self.config.timeouts.timing_s,
+                            alone=True)
+        if reply.status != "ok" or reply.times_s is None:
+            raise IncumbentFailed(f"the incumbent failed its calibration ({reply.status}): {_first(reply.error)}")
+        return reply.times_s.numpy()[[0, 2]][:, list(script.timed)].ravel()
+
+    def _calibrate(self, tier: str, engines: TierEngines, incumbent: Candidate, text: scripts.TextSource,
+                   seed: int) -> None:
+        """The incumbent's step times alone, per timed shape, once per incumbent and tier."""
+        key = (tier, incumbent.id)
+        if key not in self._calibration:
+            self._calibration[key] = {shape: self._alone(engines, incumbent, text, shape, seed + k)
+                                      for k, shape in enumerate(self._shapes())}
+
+    def _check_incumbent(self, tier: str, engines: TierEngines, incumbent: Candidate,
+                         pooled: dict[obj.StepShape, np.ndarray], text: scripts.TextSource, seed: int,
+                         stage: str) -> None:
+        """Refuse to judge when the incumbent ran slower beside the challenger than by itself: a challenger that
+        slows its rivals (its twin alike, so the A/A floor cannot see it) must not win by it. A machine that
+        slowed down for everyone is told apart by timing the incumbent alone again, the challenger stopped."""
+        calibration = self._calibration[(tier, incumbent.id)]
+        limit = 1 + self.config.incumbent_drift
+        for k, (shape, times) in enumerate(pooled.items()):
+            beside = times[[0, 2]].ravel()
+            if shape not in calibration or slowdown_low(beside, calibration[shape], seed + k) <= limit:
+                continue
+            alone = self._alone(engines, incumbent, text, shape, seed + k)
+            low = slowdown_low(beside, alone, seed + k)
+            if low <= limit:  # as slow alone now: the machine changed, not the challenger's doing
+                calibration[shape] = alone
+                continue
+            raise Rejected(stage, f"the incumbent's {shape.kind} step took at least x{low:.2f} its time alone while "
+                                  "beside the challenger: not judged", status="error")
 
     def _timed_shape(self, engines: TierEngines, ids: tuple[str, ...], text: scripts.TextSource,
                      shape: obj.StepShape, seed: int, stage: str) -> np.ndarray:

@@ -44,6 +44,12 @@ class EvaluateConfig:
     """Admit lossy candidates within this budget instead of the dtype tolerance."""
     margin: float = 0.01
     """Promote only when the speedup interval's lower bound exceeds 1 + margin (+ the A/A bias)."""
+    incumbent_drift: float = 0.05
+    """Refuse to judge when the incumbent ran at least this much slower (the interval's lower bound) beside the
+    challenger than by itself, and still does alone: a challenger that slows its rivals, the twin alike, would
+    otherwise win by it."""
+    calibration_steps: int = 16
+    """Timed steps per shape of the incumbent's calibration (its time alone, before a challenger is loaded)."""
     max_seqs: int = 8
     max_seq_len: int = 256
     decode_pairs: int = 60

@@ -1,25 +1,27 @@
-"""`TierEngines`: the two engine workers of one tier, the candidates' and the reference's.
+"""`TierEngines`: the engine workers of one tier: the incumbent's, its twin's, the challenger's, the reference's.
 
-The candidate engine holds the incumbent, a second instance of it (`twin`) and the challenger
-side by side (interleaved timing needs them in one process). The twin is the A/A floor: two
-runs of one resident would share what the last run left warm (its buffers, its caches), an
-advantage the challenger, a different resident, never gets, so the floor would miss a bias
-against every challenger. Three residents are exchangeable. The reference engine runs only the
-baseline forward, in a worker that never imports candidate code: a candidate can neither patch it
-nor read its outputs, and its weights digest is the one the candidate engine's must keep.
+Each timed side has a worker of its own, so nothing the challenger runs can reach, patch or slow the residents it
+is timed against. The twin, a second instance of the incumbent, is the A/A floor: two runs of one resident would
+share what the last run left warm (its buffers, its caches, its weights in the CPU's caches), an advantage the
+challenger never gets, so the floor would miss a bias against every challenger; three workers alike keep the
+sides exchangeable. They are interleaved step by step from the evaluator's process
+(`athanor.evaluate.interleave`). The reference engine runs
+only the baseline forward, in a worker that never imports candidate code: a candidate can neither patch it nor
+read its outputs, and its weights digest is the one the other workers' must keep.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
 
 from athanor.engine import protocol as p
 from athanor.engine.candidate import Candidate, baseline_candidate
 from athanor.engine.config import DEFAULT_BUCKETS, EngineConfig, SandboxConfig
 from athanor.engine.supervisor import Supervisor, Timeouts
 from athanor.evaluate.config import EvaluateConfig
+from athanor.evaluate.interleave import Refused, Side, run_interleaved
 from athanor.evaluate.lock import timing_threads
 from athanor.evaluate.scripts import Script
 
@@ -40,14 +42,28 @@ class TierEngines:
         timeouts = Timeouts(start_s=t.start_s, swap_s=t.swap_s, run_s=max(t.check_s, t.timing_s))
         config = engine_config(cfg, num_layers)
         self.reference_candidate = baseline_candidate()
-        self.candidates = Supervisor(config, timeouts)
-        self.reference = Supervisor(dataclasses.replace(config, max_resident=1), timeouts)
+        # On a CPU a small model's weights can sit in the caches, so a twin in the incumbent's worker would run on
+        # weights the incumbent just left warm, while the challenger never does: each side gets its own worker. On
+        # a GPU the weights are far bigger than its L2 and the twin shares the incumbent's worker (one copy fewer).
+        apart = not cfg.device.startswith("cuda")
+        self.incumbent = Supervisor(dataclasses.replace(config, max_resident=1 if apart else 2), timeouts)
+        self.twin = Supervisor(dataclasses.replace(config, max_resident=1), timeouts) if apart else self.incumbent
+        self.challenger = Supervisor(config, timeouts)
+        """The challenger, beside the baseline it starts with (so a respawn never rebuilds a challenger)."""
+        self.reference = Supervisor(dataclasses.replace(config, max_resident=1, trusted=True), timeouts)
+        """Trusted: it never imports candidate code, so it alone may write the shared compile cache."""
+        self.threads = config.cpu_threads or 2
+        """CPU threads a worker may keep busy during its turn: the intra-op threads on a CPU; on CUDA the host
+        thread that launches and waits, and one for the runtime."""
+        self.device_clock = cfg.device.startswith("cuda")
         self._reference_digest = ""
         self.bandwidth = 0.0
 
     def start(self) -> None:
-        self.reference.start()
-        self.candidates.start()
+        """Start the workers side by side (each is mostly its own imports and model load)."""
+        with ThreadPoolExecutor(len(self.workers())) as pool:
+            for future in [pool.submit(worker.start) for worker in self.workers()]:
+                future.result()
         probe = self.reference.call(p.ProbeRequest(bandwidth=True))
         self._reference_digest = probe.weights_digest
         self.bandwidth = probe.bandwidth_bytes_per_s
@@ -57,40 +73,67 @@ class TierEngines:
         return self._reference_digest
 
     def load(self, incumbent: Candidate, candidate: Candidate, timeout_s: float) -> p.SwapReply:
-        """Make `incumbent` the engine's incumbent, with its twin, and build `candidate` beside them."""
+        """Make `incumbent` the engine's incumbent, with its twin, and build `candidate` in its own worker."""
         self.prepare(incumbent, timeout_s)
-        return self.candidates.swap(candidate, keep_incumbent=True, timeout_s=timeout_s)
+        return self.challenger.swap(candidate, keep_incumbent=True, timeout_s=timeout_s)
 
     def prepare(self, incumbent: Candidate, timeout_s: float) -> None:
-        """Make `incumbent` the engine's incumbent with its twin beside it, and no challenger."""
+        """Make `incumbent` the incumbent worker's resident and its twin the twin worker's (the same on a GPU)."""
         twin = twin_of(incumbent)
-        if self.candidates.incumbent.id != incumbent.id or not self.candidates.is_alive():
-            reply = self.candidates.swap(incumbent, timeout_s=timeout_s)
+        if self.incumbent.incumbent.id != incumbent.id or not self.incumbent.is_alive():
+            reply = self.incumbent.swap(incumbent, timeout_s=timeout_s)
             if reply.status != "ok":
                 raise IncumbentFailed(f"the incumbent {incumbent.id} does not build: {reply.error}")
-        resident = self.candidates.stats().resident
-        for other in resident:  # a challenger left from an earlier evaluation
-            if other not in (incumbent.id, twin.id):
-                self.candidates.activate(incumbent.id)
-                self.candidates.drop(other)
-        if twin.id not in resident:
-            reply = self.candidates.swap(twin, keep_incumbent=True, timeout_s=timeout_s)
+        shared = self.twin is self.incumbent
+        if (twin.id not in self.twin.stats().resident) if shared else (self.twin.incumbent.id != twin.id
+                                                                         or not self.twin.is_alive()):
+            reply = self.twin.swap(twin, keep_incumbent=shared, timeout_s=timeout_s)
             if reply.status != "ok":
                 raise IncumbentFailed(f"a second instance of the incumbent {incumbent.id} does not build: "
                                       f"{reply.error}")
 
-    def unload(self, incumbent: Candidate, candidate: Candidate, tainted: bool) -> None:
-        """Drop the challenger; a worker whose weights or namespaces it changed is replaced."""
-        if tainted:
-            log.info("candidate %s changed the worker's state: respawning it", candidate.id)
-            self.candidates.respawn()
+    def unload(self, candidate: Candidate, tainted: bool) -> None:
+        """Drop the challenger; a worker it changed (weights, namespaces, processes left running) is replaced."""
+        extra = self.challenger.extra_processes()
+        if tainted or extra:
+            log.info("candidate %s changed its worker's state%s: respawning it", candidate.id,
+                     f" (processes left: {', '.join(extra[:3])})" if extra else "")
+            self.challenger.respawn()
             return
-        if self.candidates.activate(incumbent.id).status == "ok":
-            self.candidates.drop(candidate.id)
+        base = self.challenger.incumbent.id
+        if candidate.id != base and self.challenger.activate(base).status == "ok":
+            self.challenger.drop(candidate.id)
+
+    def workers(self) -> tuple[Supervisor, ...]:
+        apart = () if self.twin is self.incumbent else (self.twin,)
+        return self.reference, self.incumbent, *apart, self.challenger
+
+    def side(self, cid: str) -> Side:
+        """The worker that holds resident `cid`: the incumbent's, the twin's, else the challenger's."""
+        incumbent = self.incumbent.incumbent
+        if cid == incumbent.id:
+            return Side(cid, self.incumbent, True)
+        if cid == twin_of(incumbent).id:
+            return Side(cid, self.twin, True)
+        return Side(cid, self.challenger, False)
 
     def run(self, ids: tuple[str, ...], script: Script, seed: int, timeout_s: float,
-            logits_of: tuple[str, ...] = ()) -> p.TrajectoryReply:
-        return self.candidates.call(p.TrajectoryRequest(ids, script.steps, seed=seed, logits_of=logits_of), timeout_s)
+            logits_of: tuple[str, ...] = (), alone: bool = False) -> p.TrajectoryReply:
+        """`script` on the residents `ids`, interleaved step by step; a refusal is a violation reply.
+
+        `alone`: `ids` are the incumbent and its twin, timed without the challenger: its worker stays stopped and
+        the reference's takes its turns (rows 0 and 2 of the times), so the incumbent runs as it does beside a
+        challenger, after another process, with what that leaves in the caches."""
+        sides = [self.side(c) for c in ids]
+        if alone:
+            sides.insert(1, Side(self.reference_candidate.id, self.reference, True))
+        try:
+            out = run_interleaved(sides, script, seed, timeout_s, logits_of=[ids.index(c) for c in logits_of],
+                                  threads=self.threads, device_clock=self.device_clock,
+                                  hold=(self.challenger,) if alone else ())
+        except Refused as e:
+            return p.TrajectoryReply(status="violation", error=str(e), violations=(str(e),))
+        return out.reply
 
     def run_reference(self, script: Script, seed: int, timeout_s: float) -> p.TrajectoryReply:
         req = p.TrajectoryRequest((self.reference_candidate.id,), script.steps, seed=seed)
@@ -99,12 +142,18 @@ class TierEngines:
             raise ReferenceFailed(f"the reference engine failed ({reply.status}): {reply.error}")
         return reply
 
-    def probe(self) -> Any:
-        return self.candidates.call(p.ProbeRequest())
+    def probe(self) -> p.ProbeReply:
+        """The timed workers' integrity figures in one: a digest that differs from the reference's if any does, the
+        changed names and candidate threads of all three."""
+        probes = [w.call(p.ProbeRequest()) for w in self.workers()[1:]]
+        digest = next((q.weights_digest for q in probes if q.weights_digest != self._reference_digest),
+                      self._reference_digest)
+        return p.ProbeReply(weights_digest=digest, tampered=tuple(n for q in probes for n in q.tampered),
+                            foreign_threads=tuple(n for q in probes for n in q.foreign_threads))
 
     def close(self) -> None:
-        self.candidates.close()
-        self.reference.close()
+        for worker in reversed(self.workers()):
+            worker.close()
 
 
 def twin_of(incumbent: Candidate) -> Candidate:

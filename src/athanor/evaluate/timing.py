@@ -143,6 +143,15 @@ def speedup_interval(incumbent_s: Times, candidate_s: Times, paired: bool = Fals
     return Speedup(float(_statistic(a, b, paired)), float(low), float(high), int(a.size))
 
 
+def slowdown_low(now_s: np.ndarray, before_s: np.ndarray, seed: int = 0, num: int = NUM_BOOTSTRAP) -> float:
+    """The 2.5th percentile of quartile(now) / quartile(before) over independent resamples of each: how much slower
+    `now` is at least (two sets of step times of one resident, measured apart, so not paired)."""
+    rng = np.random.default_rng(seed)
+    a = now_s[rng.integers(0, now_s.size, size=(num, now_s.size))]
+    b = before_s[rng.integers(0, before_s.size, size=(num, before_s.size))]
+    return float(np.percentile(np.quantile(a, QUANTILE, axis=-1) / np.quantile(b, QUANTILE, axis=-1), 2.5))
+
+
 @dataclass(frozen=True)
 class ShapeTimes:
     """Paired timings of one step shape and its weight in the objective (incumbent seconds it stands for)."""

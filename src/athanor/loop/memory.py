@@ -1,12 +1,13 @@
 """How many engine slots fit one GPU next to the compile loop's engines.
 
-A compile (or the tier benchmark) runs two tiers, each with two engine workers (`TierEngines`): the
-candidate engine holds the model's weights and three residents (incumbent, its twin, the challenger),
-the reference engine the weights and one resident. Every resident owns a KV cache for
+A compile (or the tier benchmark) runs two tiers, each with three engine workers on a GPU
+(`TierEngines`), each holding the model's weights: the incumbent's with two residents (the incumbent
+and its twin), the challenger's with two (the baseline it starts with, the challenger), the
+reference's with one. Every resident owns a KV cache for
 `max_seqs + 1` slots of `max_seq_len` tokens, and may own copies of layer weights (a fused QKV or
 gate/up projection copies them in build()). On one GPU all of it must fit at once: an 8B model at the
 GPU default of 64 slots x 4096 tokens needs 35 GiB of KV cache per resident, more than an H200 holds
-for four engines. So when the slots are not given, the largest count that fits is taken.
+for six engines. So when the slots are not given, the largest count that fits is taken.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from athanor.evaluate.scripts import PREFILL_TOKENS
 from athanor.model.spec import ModelSpec, kv_cache_bytes, layer_weight_shapes
 
 GIB = 1 << 30
-RESIDENTS = (3, 1)
-"""Residents of a tier's candidate engine and reference engine."""
+RESIDENTS = (2, 2, 1)
+"""Residents of a tier's engine workers on a GPU: the incumbent's, the challenger's, the reference's."""
+COPYING_RESIDENTS = 3
+"""Residents per tier that may copy weights: the incumbent, its twin, the challenger (not the baseline)."""
 COPYABLE = ("wq", "wk", "wv", "w_gate", "w_up", "shared.w_gate", "shared.w_up", "experts.w_gate", "experts.w_up")
 """Layer weights a candidate may copy in build() (fused QKV and gate/up)."""
 PROCESS_OVERHEAD = 2 * GIB
@@ -35,7 +38,7 @@ class MemoryPlan:
 
     max_seqs: int
     fixed_bytes: int
-    """Weights (two workers per tier) and the residents' possible weight copies, with per-worker overhead and
+    """Weights (three workers per tier) and the residents' possible weight copies, with per-worker overhead and
     prefill activations."""
     kv_bytes_per_slot: int
     """KV cache of one slot in every resident of both tiers."""
@@ -57,7 +60,7 @@ def plan_engine_slots(spec: ModelSpec, itemsize: int, tier_layers: tuple[int, ..
         sub = spec.with_layers(layers)
         copies = layers * sum(math.prod(shape) for name, shape in layer_weight_shapes(sub).items() if name in COPYABLE)
         fixed += (len(RESIDENTS) * (sub.num_params() * itemsize + PROCESS_OVERHEAD + activation_bytes(spec, itemsize))
-                  + RESIDENTS[0] * copies * itemsize)
+                  + COPYING_RESIDENTS * copies * itemsize)
         per_slot += sum(RESIDENTS) * kv_cache_bytes(sub, 1, max_seq_len, itemsize)
     budget = int(device_bytes * USABLE_SHARE) - fixed
     slots = min(wanted, budget // per_slot - 1) if budget > 0 else 0

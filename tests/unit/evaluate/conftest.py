@@ -10,13 +10,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from athanor.evaluate import EvaluateConfig, Evaluator, StageTimeouts
-from athanor.evaluate.correctness import QualityBudget
+from eval_config import CONFIG
 
-CONFIG = EvaluateConfig(model="tiny-dense", max_seqs=4, max_seq_len=96, decode_pairs=64, prefill_pairs=48,
-                        timing_budget_s=0.3,
-                        fast_layers=2, timeouts=StageTimeouts(start_s=120, swap_s=60, smoke_s=30, check_s=60,
-                                                              timing_s=60))
+from athanor.evaluate import Evaluator
+from athanor.evaluate.correctness import QualityBudget
 
 
 @pytest.fixture(scope="session")

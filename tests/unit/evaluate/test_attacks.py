@@ -20,10 +20,10 @@ from pathlib import Path
 import attacks as a
 import eval_candidates as c
 import pytest
+from eval_config import CONFIG
 
 from athanor.engine.config import EngineConfig
 from athanor.evaluate import Evaluator, Verdict
-from conftest import CONFIG
 
 ATTACK_CONFIG = dataclasses.replace(CONFIG, static_checks=False)
 

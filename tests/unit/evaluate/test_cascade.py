@@ -28,7 +28,7 @@ def test_honest_faster_candidate_is_accepted(evaluator: Evaluator) -> None:
     assert Verdict.from_dict(json.loads(json.dumps(v.to_dict()))).accepted
 
 
-def test_warm_up_leaves_the_incumbent_and_its_twin_resident(evaluator: Evaluator,
+def test_warm_up_leaves_the_incumbent_and_its_twin_resident_in_their_workers(evaluator: Evaluator,
                                                              caplog: pytest.LogCaptureFixture) -> None:
     # Run on CUDA engines as they start; called here on the CPU's to show it runs every script and leaves the
     # engine ready to evaluate (the next tests evaluate on these engines).
@@ -37,8 +37,9 @@ def test_warm_up_leaves_the_incumbent_and_its_twin_resident(evaluator: Evaluator
     engines = evaluator.engines("fast")
     with caplog.at_level("INFO", logger="athanor.evaluate.cascade"):
         evaluator.warm(engines)
-    incumbent = engines.candidates.incumbent
-    assert set(engines.candidates.stats().resident) == {incumbent.id, twin_of(incumbent).id}
+    incumbent = engines.incumbent.incumbent
+    assert engines.incumbent.stats().resident == (incumbent.id,)
+    assert engines.twin.stats().resident == (twin_of(incumbent).id,)
     assert any("warmed" in r.getMessage() and "(5 scripts)" in r.getMessage() for r in caplog.records)
 
 
