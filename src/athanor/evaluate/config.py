@@ -48,8 +48,9 @@ class EvaluateConfig:
     """Refuse to judge when the incumbent ran at least this much slower (the interval's lower bound) beside the
     challenger than by itself, and still does alone: a challenger that slows its rivals, the twin alike, would
     otherwise win by it."""
-    calibration_steps: int = 16
-    """Timed steps per shape of the incumbent's calibration (its time alone, before a challenger is loaded)."""
+    calibration_steps: int = 4
+    """Timed steps per shape (each run by the incumbent and its twin) of the incumbent's calibration: its time
+    alone, before a challenger is loaded."""
     max_seqs: int = 8
     max_seq_len: int = 256
     decode_pairs: int = 60

@@ -119,16 +119,10 @@ class TierEngines:
 
     def run(self, ids: tuple[str, ...], script: Script, seed: int, timeout_s: float,
             logits_of: tuple[str, ...] = (), alone: bool = False) -> p.TrajectoryReply:
-        """`script` on the residents `ids`, interleaved step by step; a refusal is a violation reply.
-
-        `alone`: `ids` are the incumbent and its twin, timed without the challenger: its worker stays stopped and
-        the reference's takes its turns (rows 0 and 2 of the times), so the incumbent runs as it does beside a
-        challenger, after another process, with what that leaves in the caches."""
-        sides = [self.side(c) for c in ids]
-        if alone:
-            sides.insert(1, Side(self.reference_candidate.id, self.reference, True))
+        """`script` on the residents `ids`, interleaved step by step; a refusal is a violation reply. `alone`: the
+        challenger's worker stays stopped throughout (the incumbent timed by itself)."""
         try:
-            out = run_interleaved(sides, script, seed, timeout_s, logits_of=[ids.index(c) for c in logits_of],
+            out = run_interleaved([self.side(c) for c in ids], script, seed, timeout_s, logits_of=[ids.index(c) for c in logits_of],
                                   threads=self.threads, device_clock=self.device_clock,
                                   hold=(self.challenger,) if alone else ())
         except Refused as e:
@@ -143,17 +137,13 @@ class TierEngines:
         return reply
 
     def probe(self) -> p.ProbeReply:
-        """The timed workers' integrity figures in one: a digest that differs from the reference's if any does, the
-        changed names and candidate threads of all three."""
-        probes = [w.call(p.ProbeRequest()) for w in self.workers()[1:]]
-        digest = next((q.weights_digest for q in probes if q.weights_digest != self._reference_digest),
-                      self._reference_digest)
-        return p.ProbeReply(weights_digest=digest, tampered=tuple(n for q in probes for n in q.tampered),
-                            foreign_threads=tuple(n for q in probes for n in q.foreign_threads))
+        """The challenger's worker's integrity figures: the only worker its code runs in (the incumbent's and the
+        twin's run the incumbent, probed when it was the challenger, and nothing of this challenger reaches them)."""
+        return self.challenger.call(p.ProbeRequest())
 
     def close(self) -> None:
-        for worker in reversed(self.workers()):
-            worker.close()
+        with ThreadPoolExecutor(len(self.workers())) as pool:
+            list(pool.map(lambda w: w.close(), self.workers()))
 
 
 def twin_of(incumbent: Candidate) -> Candidate:

@@ -26,6 +26,7 @@ import random
 import signal
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -127,6 +128,7 @@ def run_interleaved(sides: Sequence[Side], script: Script, seed: int, timeout_s:
     rng = random.Random(seed)
     running: Supervisor | None = None
 
+    setup = set(script.setup)
     # Each worker's processes, listed once: a process a challenger starts later is not stopped with it, but its
     # CPU time is charged to the worker (reaped or not, `cpu_seconds`), so it is refused rather than missed.
     pids = {id(w): w.processes() for w in (*workers, *hold)}
@@ -140,6 +142,10 @@ def run_interleaved(sides: Sequence[Side], script: Script, seed: int, timeout_s:
                 _stop(pids[id(running)])
             _signal(pids[id(worker)], signal.SIGCONT)
             running = worker
+        return call(c, req)
+
+    def call(c: int, req: p.StepRequest) -> tuple[p.StepReply, float]:
+        worker = sides[c].worker
         t0 = _clock()
         reply = worker.call(req, timeout_s)
         seconds = _clock() - t0
@@ -151,26 +157,44 @@ def run_interleaved(sides: Sequence[Side], script: Script, seed: int, timeout_s:
             last[:, -2] = reply.scored
         return reply, seconds
 
+    def request(c: int, step: p.ScriptStep) -> p.StepRequest:
+        """Side `c`'s request for `step`: its inputs, without the next tokens (sent with the following request)."""
+        return p.StepRequest(sides[c].candidate_id, replace(step, next_tokens=None), score_next=pending[c], seed=seed,
+                             num_projections=num_projections, return_logits=step.keep_logits and c in logits_of)
+
+    def record(c: int, s: int, reply: p.StepReply, seconds: float, step: p.ScriptStep) -> None:
+        nonlocal used_graph
+        outside[c, s], inside[c, s] = seconds, reply.seconds
+        used_graph |= reply.used_graph
+        assert reply.fingerprint is not None and reply.tokens is not None
+        feats[c].append(reply.fingerprint.clone())
+        argmax[c].append(reply.tokens)
+        if reply.logits is not None:
+            kept[c].append(reply.logits)
+        pending[c] = step.next_tokens
+
     cpu0 = {id(w): w.cpu_seconds() for w in workers}
     try:
         for w in (*workers, *hold):
             _stop(pids[id(w)])
         last: int | None = None
         for s, step in enumerate(steps):
-            sent = replace(step, next_tokens=None)
+            if s in setup:  # nothing timed: every worker runs its sides' step at once, then all stop again
+                for w in workers:
+                    _signal(pids[id(w)], signal.SIGCONT)
+                by_worker = [[c for c in range(n) if sides[c].worker is w] for w in workers]
+                with ThreadPoolExecutor(len(workers)) as pool:
+                    done = list(pool.map(lambda cs, st=step: [(c, call(c, request(c, st))) for c in cs], by_worker))
+                for w in workers:
+                    _stop(pids[id(w)])
+                running = None
+                for c, (reply, seconds) in (item for group in done for item in group):
+                    record(c, s, reply, seconds, step)
+                continue
             for c in _order(rng, n, last):
                 last = c
-                req = p.StepRequest(sides[c].candidate_id, sent, score_next=pending[c], seed=seed,
-                                    num_projections=num_projections, return_logits=step.keep_logits and c in logits_of)
-                reply, outside[c, s] = turn(c, req)
-                inside[c, s] = reply.seconds
-                used_graph |= reply.used_graph
-                assert reply.fingerprint is not None and reply.tokens is not None
-                feats[c].append(reply.fingerprint.clone())
-                argmax[c].append(reply.tokens)
-                if reply.logits is not None:
-                    kept[c].append(reply.logits)
-                pending[c] = step.next_tokens
+                reply, seconds = turn(c, request(c, step))
+                record(c, s, reply, seconds, step)
         for c in range(n):  # the last step's next tokens, and a collection outside every timed run
             turn(c, p.StepRequest(sides[c].candidate_id, None, score_next=pending[c], collect=True))
     except _Failed as f:

@@ -113,21 +113,29 @@ class Script:
     steps: tuple[ScriptStep, ...]
     timed: tuple[int, ...]
     """Indices of the steps whose times price the shape (after warm-up)."""
+    setup: tuple[int, ...] = ()
+    """Indices of the steps that only build a timed step's context (the prompts before decode steps, the cached
+    part before a prefill chunk): neither timed nor warm-up, so the sides may run them at once."""
 
 
 def decode_script(text: TextSource, shape: StepShape, num_steps: int, warmup: int, max_seq_len: int,
                   keep_every: int = 0) -> Script:
     """Prefill `batch_size` prompts of about `context_len` tokens, then teacher-forced decode steps;
     a new round of prompts whenever the slots are full. The first `warmup` decode steps are not timed."""
-    b, steps, timed = shape.batch_size, [], []
+    b = shape.batch_size
+    steps: list[ScriptStep] = []
+    timed: list[int] = []
+    setup: list[int] = []
     room = max(2, max_seq_len - shape.context_len - 1)
     done = 0
     while done < num_steps + warmup:
         k = min(room, num_steps + warmup - done)
         lens = [max(1, shape.context_len - int(text.rng.integers(0, 3))) for _ in range(b)]
         texts = [text.take(n + k + 1) for n in lens]
+        first = len(steps)
         steps += prefill_steps([t[:n] for t, n in zip(texts, lens, strict=True)], list(range(b)), [0] * b,
                                [t[n] for t, n in zip(texts, lens, strict=True)])
+        setup += range(first, len(steps))
         for j in range(k):
             if done >= warmup:
                 timed.append(len(steps))
@@ -135,25 +143,27 @@ def decode_script(text: TextSource, shape: StepShape, num_steps: int, warmup: in
             steps.append(decode_step([t[n + j] for t, n in zip(texts, lens, strict=True)], [n + j for n in lens],
                                      list(range(b)), [t[n + j + 1] for t, n in zip(texts, lens, strict=True)], keep))
             done += 1
-    return Script(tuple(steps), tuple(timed))
+    return Script(tuple(steps), tuple(timed), tuple(setup))
 
 
 def prefill_script(text: TextSource, shape: StepShape, num_steps: int, warmup: int, num_slots: int) -> Script:
     """Chunks of about `tokens` new tokens on `context_len` cached ones, each length jittered (mostly
     unseen in warm-up); the cached part is prefilled first, untimed, in the same slot. Full logits are
     kept for every 4th of the first 64 steps (every step is fingerprinted)."""
-    steps, timed = [], []
+    timed, setup = [], []
+    steps: list[ScriptStep] = []
     for i in range(num_steps + warmup):
         slot = i % num_slots
         chunk = max(1, shape.tokens - int(text.rng.integers(0, max(2, shape.tokens // 4))))
         ids = text.take(shape.context_len + chunk + 1)
         if shape.context_len:
+            setup.append(len(steps))
             steps.append(prefill_step([ids[:shape.context_len]], [slot], [0], [ids[shape.context_len]]))
         if i >= warmup:
             timed.append(len(steps))
         steps.append(prefill_step([ids[shape.context_len:shape.context_len + chunk]], [slot], [shape.context_len],
                                   [ids[shape.context_len + chunk]], keep_logits=i % 4 == 0 and i < 64))
-    return Script(tuple(steps), tuple(timed))
+    return Script(tuple(steps), tuple(timed), tuple(setup))
 
 
 def check_script(text: TextSource, max_seqs: int, max_seq_len: int, num_decode: int = 8,

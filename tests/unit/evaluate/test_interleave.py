@@ -61,6 +61,7 @@ def test_a_step_sent_without_a_resident_step_to_score_is_invalid(evaluator: Eval
     assert reply.status == "invalid" and "nothing to score" in reply.error
 
 
+@pytest.mark.timing  # needs the second core free for the thread to take it: run alone (Makefile `test`)
 def test_a_thread_that_burns_a_core_beside_its_steps_is_refused(evaluator: Evaluator) -> None:
     """Stopped between its turns, the thread can only run during them, on a core the worker was not given: its
     CPU time exceeds the turns' wall time at the worker's threads."""
