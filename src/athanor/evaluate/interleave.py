@@ -1,8 +1,10 @@
 """An interleaved trajectory driven from the evaluator's process, one step at a time, across worker processes.
 
-The incumbent and its twin live in one worker, the challenger in another (`TierEngines`): a challenger cannot
-reach, patch or slow the residents it is compared with. Each step runs once per side in a seeded random order
-(never starting with the side that ended the previous step). Around every run:
+The incumbent, its twin and the challenger each run in a worker of their own (on a GPU the twin shares the
+incumbent's; `TierEngines`): a challenger cannot reach, patch or slow the residents it is compared with. Each
+timed or warm-up step runs once per side in a seeded random order (never starting with the side that ended the
+previous step); a set-up step (`Script.setup`: context that is neither timed nor warm-up) runs on every worker
+at once. Around every run of a timed or warm-up step:
 
 - only the worker whose turn it is may run: every other worker of the trajectory is stopped (SIGSTOP to all its
   processes), so no thread or child of a challenger can compute ahead, or take a core from the incumbent while
