@@ -25,9 +25,7 @@ from engine_candidates import CONFIG, patched
 
 from athanor.engine import auth, procs
 from athanor.engine import protocol as p
-from athanor.engine.candidate import Candidate
 from athanor.engine.supervisor import Supervisor, Timeouts
-from athanor.moves import render
 
 TIMEOUTS = Timeouts(start_s=120, swap_s=60, run_s=30, other_s=30)
 SECRET = f"athanor-victim-{uuid.uuid4().hex}"
@@ -230,14 +228,8 @@ def test_an_untrusted_worker_only_reads_the_shared_compile_cache(tmp_path: Path)
         assert not found["planted"]
         assert found["seed"] == "from a trusted worker"  # the shared entries are there to read
         own = Path(found["own"])
-        assert own.is_relative_to(sup.config.scratch_dir)
-        # The fast template compiled by Inductor (flex attention included) builds and runs in it.
-        compiled = Candidate.from_source(render("fast", {"compile": "default", "fused_qkv": True}))
-        assert sup.swap(compiled, keep_incumbent=True).status == "ok"
-        assert sup.generate([[3, 1, 4]], 4).status == "ok"
-        worker = sup.worker_pid
-        assert list(Path(f"/proc/{worker}/root{own}/inductor").iterdir())  # its entries, in its own layer
-        assert sorted(x.name for x in shared.iterdir()) == ["seed.txt"]  # and nothing in the shared cache
+        assert own.is_relative_to(sup.config.scratch_dir)  # (its compiles land there: tests/slow/engine)
+        assert sorted(x.name for x in shared.iterdir()) == ["seed.txt"]
     trusted = dataclasses.replace(config, trusted=True)
     with Supervisor(trusted, TIMEOUTS) as sup:
         sup.start()

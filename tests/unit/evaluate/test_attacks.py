@@ -1,9 +1,9 @@
 """Issue 37's open classes of cheating, one or more candidates each (`attacks.py`), on tiny-dense (CPU).
 
 Static checks are off throughout (the issue: they are not a defence), so each outcome rests on the run-time
-design. Every test gets its own evaluator: a cheat that reaches the incumbent, the reference or the machine
-may leave them changed, and an evaluator's close is part of what class 5 checks. Each test prints what the
-cheat achieved, so a run shows whether it wins today.
+design. Classes 1-4 share the session's evaluator with static checks off: a cheat that reached beyond its own
+worker (the incumbent, the reference) would show in the tests after it too. Class 5 has an evaluator of its own,
+whose close is part of what it checks. Each test prints what the cheat achieved, so a run shows whether it wins.
 """
 
 from __future__ import annotations
@@ -34,42 +34,38 @@ def _show(v: Verdict) -> str:
             f"({v.speedup.num_pairs} pairs; stages: {', '.join(f'{k} {s:.1f} s' for k, s in v.stages)})")
 
 
-@pytest.fixture
-def own_evaluator() -> Iterator[Evaluator]:
-    with Evaluator(ATTACK_CONFIG) as ev:
-        yield ev
 
 
 # -- 1. slowing the incumbent ------------------------------------------------------------------------
 @pytest.mark.timing  # its verdict rests on measured speed: run alone (Makefile `test`)
-def test_slowing_the_incumbent_and_its_twin_does_not_win(own_evaluator: Evaluator) -> None:
-    v = own_evaluator.evaluate(a.SLOW_OTHERS, incumbent=c.BASE)
+def test_slowing_the_incumbent_and_its_twin_does_not_win(runtime_evaluator: Evaluator) -> None:
+    v = runtime_evaluator.evaluate(a.SLOW_OTHERS, incumbent=c.BASE)
     print("slowing the incumbent:", _show(v))
     assert v.accepted is False, _show(v)
 
 
 # -- 2. a transient clock -------------------------------------------------------------------------------
 @pytest.mark.timing  # its verdict rests on measured speed: run alone (Makefile `test`)
-def test_a_clock_replaced_only_inside_its_own_windows_does_not_win(own_evaluator: Evaluator) -> None:
-    v = own_evaluator.evaluate(a.TRANSIENT_CLOCK, incumbent=c.BASE)
+def test_a_clock_replaced_only_inside_its_own_windows_does_not_win(runtime_evaluator: Evaluator) -> None:
+    v = runtime_evaluator.evaluate(a.TRANSIENT_CLOCK, incumbent=c.BASE)
     print("transient clock:", _show(v))
     assert v.accepted is False, _show(v)
 
 
 # -- 3. work outside the timed window ---------------------------------------------------------------
 @pytest.mark.timing  # its verdict rests on measured speed: run alone (Makefile `test`)
-def test_computing_ahead_on_a_background_thread_does_not_win(own_evaluator: Evaluator) -> None:
-    v = own_evaluator.evaluate(a.COMPUTE_AHEAD, incumbent=c.BASE)
+def test_computing_ahead_on_a_background_thread_does_not_win(runtime_evaluator: Evaluator) -> None:
+    v = runtime_evaluator.evaluate(a.COMPUTE_AHEAD, incumbent=c.BASE)
     print("computing ahead:", _show(v))
     assert v.accepted is False, _show(v)
 
 
 # -- 4. poisoning the trusted reference ---------------------------------------------------------------
-def test_a_wrong_candidate_cannot_make_the_reference_agree(own_evaluator: Evaluator) -> None:
+def test_a_wrong_candidate_cannot_make_the_reference_agree(runtime_evaluator: Evaluator) -> None:
     # Against a slowed incumbent the wrong candidate is faster, so a rejection at timing would mean its
     # wrong outputs passed every check: it must be refused before timing, as a candidate (not as an evaluator
     # error), for its outputs or for the attempt.
-    v = own_evaluator.evaluate(a.POISON_REFERENCE, incumbent=c.SLOWED)
+    v = runtime_evaluator.evaluate(a.POISON_REFERENCE, incumbent=c.SLOWED)
     print("poisoning the reference:", _show(v))
     assert v.accepted is False, _show(v)
     assert v.status == "rejected" and v.stage not in ("timing", "slow"), _show(v)

@@ -3,9 +3,6 @@ worker's CPU time held to the turns it was given."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterator
-
 import eval_candidates as c
 import pytest
 import torch
@@ -29,18 +26,12 @@ SPINNER = c.patched(
 )
 
 
-@pytest.fixture(scope="module")
-def evaluator() -> Iterator[Evaluator]:
-    with Evaluator(dataclasses.replace(CONFIG, static_checks=False)) as ev:
-        yield ev
-
-
-def test_stepwise_fingerprints_are_the_whole_script_runs_bit_for_bit(evaluator: Evaluator) -> None:
+def test_stepwise_fingerprints_are_the_whole_script_runs_bit_for_bit(runtime_evaluator: Evaluator) -> None:
     """Next tokens scored a request later, inputs sent a step at a time: the fingerprints (log p(next) included),
     argmax and kept logits are exactly those of the reference worker running the whole script in one request."""
-    engines = evaluator.engines("fast")
+    engines = runtime_evaluator.engines("fast")
     engines.prepare(c.BASE, 60)
-    text = scripts.TextSource(evaluator.spec.vocab_size, 7)
+    text = scripts.TextSource(runtime_evaluator.spec.vocab_size, 7)
     script = scripts.check_script(text, CONFIG.max_seqs, CONFIG.max_seq_len, max_tokens=24)
     ids = (c.BASE.id, twin_of(c.BASE).id)
     mine = engines.run(ids, script, 11, 60, logits_of=ids[:1])
@@ -54,17 +45,17 @@ def test_stepwise_fingerprints_are_the_whole_script_runs_bit_for_bit(evaluator: 
     assert ref.logits is not None and torch.equal(mine.logits[0], ref.logits[0])
 
 
-def test_a_step_sent_without_a_resident_step_to_score_is_invalid(evaluator: Evaluator) -> None:
-    engines = evaluator.engines("fast")
+def test_a_step_sent_without_a_resident_step_to_score_is_invalid(runtime_evaluator: Evaluator) -> None:
+    engines = runtime_evaluator.engines("fast")
     engines.prepare(c.BASE, 60)
     reply = engines.incumbent.call(p.StepRequest(c.BASE.id, None, score_next=torch.zeros(1, dtype=torch.long)))
     assert reply.status == "invalid" and "nothing to score" in reply.error
 
 
 @pytest.mark.timing  # needs the second core free for the thread to take it: run alone (Makefile `test`)
-def test_a_thread_that_burns_a_core_beside_its_steps_is_refused(evaluator: Evaluator) -> None:
+def test_a_thread_that_burns_a_core_beside_its_steps_is_refused(runtime_evaluator: Evaluator) -> None:
     """Stopped between its turns, the thread can only run during them, on a core the worker was not given: its
     CPU time exceeds the turns' wall time at the worker's threads."""
-    v = evaluator.evaluate(SPINNER, incumbent=c.BASE)
+    v = runtime_evaluator.evaluate(SPINNER, incumbent=c.BASE)
     assert not v.accepted and v.status == "rejected", v.reason
     assert v.reason.startswith("violation: ") and "CPU seconds" in v.reason and "not given" in v.reason
