@@ -20,6 +20,7 @@ from athanor.engine import protocol as p
 from athanor.engine.requests import BadRequest
 from athanor.engine.trajectory import (
     StepTimer,
+    candidate_failure,
     check_greedy_tokens,
     fingerprint,
     fingerprint_projection,
@@ -86,11 +87,7 @@ def run_step(engine: Engine, req: p.StepRequest) -> p.StepReply:
             if req.poison and not graph:
                 logits.fill_(float("nan"))  # a candidate that hands back the same buffer unwritten shows NaN
     except Exception as e:
-        from athanor.engine.candidate import format_exception
-        from athanor.engine.core import exit_if_device_broken
-
-        exit_if_device_broken(e)
-        return p.StepReply(status="error", error=f"candidate {cid}: {format_exception(e)}")
+        return p.StepReply(status="error", error=candidate_failure(e, cid))
     finally:
         if gc_was_enabled:
             gc.enable()

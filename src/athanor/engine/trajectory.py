@@ -252,6 +252,15 @@ def check_greedy_tokens(resident: Resident, tokens: Tensor | None, argmax: Tenso
                              f"{tokens[rows].tolist()} against {argmax[rows].tolist()})")
 
 
+def candidate_failure(e: Exception, candidate_id: str) -> str:
+    """The error line of a run that candidate code broke; exits the worker when the device is beyond repair."""
+    from athanor.engine.candidate import format_exception
+    from athanor.engine.core import exit_if_device_broken
+
+    exit_if_device_broken(e)
+    return f"candidate {candidate_id}: {format_exception(e)}"
+
+
 class StepTimer:
     """Runs one step and times it: device events on CUDA (see the module docstring), the clock on CPU."""
 
@@ -372,11 +381,7 @@ def run_trajectory(engine: Engine, req: p.TrajectoryRequest) -> p.TrajectoryRepl
                     if req.poison and not graph:
                         logits.fill_(float("nan"))  # a candidate that hands back the same buffer unwritten shows NaN
     except Exception as e:
-        from athanor.engine.candidate import format_exception
-        from athanor.engine.core import exit_if_device_broken
-
-        exit_if_device_broken(e)
-        return p.TrajectoryReply(status="error", error=f"candidate {current}: {format_exception(e)}")
+        return p.TrajectoryReply(status="error", error=candidate_failure(e, current))
     finally:
         if gc_was_enabled:
             gc.enable()
