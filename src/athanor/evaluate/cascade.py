@@ -309,7 +309,9 @@ class Evaluator:
         else:
             raise Rejected(stage, f"too noisy to judge: the A/A interval stayed wider than ±{100 * cfg.noise_limit:.0f}%"
                                   f" ({cfg.max_attempts} attempts)", status="error")
-        if incumbent is not None:
+        # Only a verdict that would accept rests on the incumbent's times being its own: a challenger rejected as
+        # not faster is rejected whatever it did to them (a heavy one slows a tiny model's incumbent by its caches).
+        if incumbent is not None and decide(result.speedup, result.noise, cfg.margin).accepted:
             self._check_incumbent(tier, engines, incumbent, pooled, text, seed + 5000, stage)
         for m in result.measurements:
             if impossible(m.candidate_s, m.floor_s, cfg.physical_slack):
@@ -318,10 +320,10 @@ class Evaluator:
         return result
 
     def _alone(self, engines: TierEngines, incumbent: Candidate, text: scripts.TextSource, shape: obj.StepShape,
-               seed: int) -> np.ndarray:
+               seed: int, rounds: int = 1) -> np.ndarray:
         """Step times of the incumbent and its twin on `shape`, timed by themselves (the challenger's worker, if
         any, stopped throughout). One warm-up step: a calibration that errs slow only makes the check laxer."""
-        script = self._shape_script(text, shape, self.config.calibration_steps, warmup=1)
+        script = self._shape_script(text, shape, rounds * self.config.calibration_steps, warmup=1)
         reply = engines.run((incumbent.id, twin_of(incumbent).id), script, seed, self.config.timeouts.timing_s,
                             alone=True)
         if reply.status != "ok" or reply.times_s is None:
@@ -348,7 +350,7 @@ class Evaluator:
             beside = times[[0, 2]].ravel()
             if shape not in calibration or slowdown_low(beside, calibration[shape], seed + k) <= limit:
                 continue
-            alone = self._alone(engines, incumbent, text, shape, seed + k)
+            alone = self._alone(engines, incumbent, text, shape, seed + k, rounds=4)  # the verdict rests on it
             low = slowdown_low(beside, alone, seed + k)
             if low <= limit:  # as slow alone now: the machine changed, not the challenger's doing
                 calibration[shape] = alone

@@ -45,7 +45,7 @@ class EvaluateConfig:
     margin: float = 0.01
     """Promote only when the speedup interval's lower bound exceeds 1 + margin (+ the A/A bias)."""
     incumbent_drift: float = 0.05
-    """Refuse to judge when the incumbent ran at least this much slower (the interval's lower bound) beside the
+    """Refuse to accept when the incumbent ran at least this much slower (the interval's lower bound) beside the
     challenger than by itself, and still does alone: a challenger that slows its rivals, the twin alike, would
     otherwise win by it."""
     calibration_steps: int = 4
