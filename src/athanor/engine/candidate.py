@@ -7,11 +7,14 @@ candidates never share module state. Dropping a candidate removes its module aga
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import importlib.util
 import linecache
 import sys
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -127,3 +130,23 @@ def unload_module(name: str) -> None:
         del sys.modules[key]
     linecache.clearcache()
     importlib.invalidate_caches()
+
+
+@contextlib.contextmanager
+def collector_off() -> Iterator[None]:
+    """The garbage collector off while candidate steps run (a collection inside a timed step is noise)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def candidate_failure(e: Exception, candidate_id: str) -> str:
+    """The error line of a run that candidate code broke; exits the worker when the device is beyond repair."""
+    from athanor.engine.core import exit_if_device_broken
+
+    exit_if_device_broken(e)
+    return f"candidate {candidate_id}: {format_exception(e)}"

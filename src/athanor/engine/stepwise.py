@@ -17,10 +17,10 @@ import torch
 from torch import Tensor
 
 from athanor.engine import protocol as p
+from athanor.engine.candidate import candidate_failure, collector_off
 from athanor.engine.requests import BadRequest
 from athanor.engine.trajectory import (
     StepTimer,
-    candidate_failure,
     check_greedy_tokens,
     fingerprint,
     fingerprint_projection,
@@ -73,24 +73,19 @@ def run_step(engine: Engine, req: p.StepRequest) -> p.StepReply:
         return p.StepReply(scored=scored)
     proj = _projection(engine.model.spec.vocab_size, req.num_projections, req.seed, str(engine.device))
     timer = _timers.setdefault(id(engine), StepTimer(engine))
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
     try:
-        with engine.armed():
+        with collector_off(), engine.armed():
             if req.poison:
                 poison_outputs(resident)
             logits, tokens, graph, seconds = timer.run(resident, x, req.step.kind)
             feats, argmax = fingerprint(logits, proj, None)
             check_greedy_tokens(resident, tokens, argmax)
-            _kept[cid] = logits.float().clone()
-            out = logits.float().cpu().clone() if req.return_logits else None
+            kept = _kept[cid] = logits.float().clone()
+            out = kept.cpu().clone() if req.return_logits else None
             if req.poison and not graph:
                 logits.fill_(float("nan"))  # a candidate that hands back the same buffer unwritten shows NaN
     except Exception as e:
         return p.StepReply(status="error", error=candidate_failure(e, cid))
-    finally:
-        if gc_was_enabled:
-            gc.enable()
     violations = tuple(engine.watch.take()) if engine.watch else ()
     return p.StepReply(
         status="violation" if violations else "ok",

@@ -46,7 +46,7 @@ import torch
 from torch import Tensor
 
 from athanor.engine import protocol as p
-from athanor.engine.candidate import MODULE_PREFIX
+from athanor.engine.candidate import MODULE_PREFIX, candidate_failure, collector_off
 from athanor.engine.graphs import check_logits
 from athanor.engine.requests import BadRequest, validate_decode, validate_prefill
 from athanor.errors import CandidateError
@@ -252,15 +252,6 @@ def check_greedy_tokens(resident: Resident, tokens: Tensor | None, argmax: Tenso
                              f"{tokens[rows].tolist()} against {argmax[rows].tolist()})")
 
 
-def candidate_failure(e: Exception, candidate_id: str) -> str:
-    """The error line of a run that candidate code broke; exits the worker when the device is beyond repair."""
-    from athanor.engine.candidate import format_exception
-    from athanor.engine.core import exit_if_device_broken
-
-    exit_if_device_broken(e)
-    return f"candidate {candidate_id}: {format_exception(e)}"
-
-
 class StepTimer:
     """Runs one step and times it: device events on CUDA (see the module docstring), the clock on CPU."""
 
@@ -348,11 +339,9 @@ def run_trajectory(engine: Engine, req: p.TrajectoryRequest) -> p.TrajectoryRepl
     timer = StepTimer(engine)
     allocs = _allocator_counts(device)
     current = "?"
-    gc_was_enabled = gc.isenabled()
     gc.collect()
-    gc.disable()
     try:
-        with engine.armed():
+        with collector_off(), engine.armed():
             last: Resident | None = None
             for s, (step, x) in enumerate(zip(req.steps, inputs, strict=True)):
                 for c in _order(order, residents, last):
@@ -382,9 +371,6 @@ def run_trajectory(engine: Engine, req: p.TrajectoryRequest) -> p.TrajectoryRepl
                         logits.fill_(float("nan"))  # a candidate that hands back the same buffer unwritten shows NaN
     except Exception as e:
         return p.TrajectoryReply(status="error", error=candidate_failure(e, current))
-    finally:
-        if gc_was_enabled:
-            gc.enable()
     grew = [b - a for a, b in zip(allocs, _allocator_counts(device), strict=True)]
     if any(grew):  # a cudaMalloc or a flushed cache inside timed steps costs milliseconds and syncs the device
         log.info("trajectory of %d steps x %d candidates: %d device allocations, %d allocation retries",

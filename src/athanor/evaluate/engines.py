@@ -122,12 +122,11 @@ class TierEngines:
         """`script` on the residents `ids`, interleaved step by step; a refusal is a violation reply. `alone`: the
         challenger's worker stays stopped throughout (the incumbent timed by itself)."""
         try:
-            out = run_interleaved([self.side(c) for c in ids], script, seed, timeout_s, logits_of=[ids.index(c) for c in logits_of],
+            return run_interleaved([self.side(c) for c in ids], script, seed, timeout_s, logits_of=[ids.index(c) for c in logits_of],
                                   threads=self.threads, device_clock=self.device_clock,
                                   hold=(self.challenger,) if alone else ())
         except Refused as e:
             return p.TrajectoryReply(status="violation", error=str(e), violations=(str(e),))
-        return out.reply
 
     def run_reference(self, script: Script, seed: int, timeout_s: float) -> p.TrajectoryReply:
         req = p.TrajectoryRequest((self.reference_candidate.id,), script.steps, seed=seed)

@@ -56,15 +56,6 @@ class Side:
     """The incumbent and its twin: their overheads calibrate the outside clock's cross-check."""
 
 
-@dataclass(frozen=True)
-class Interleaved:
-    reply: p.TrajectoryReply
-    inside_s: np.ndarray
-    """[sides, steps] what each worker reported; `reply.times_s` holds the times the evaluator uses."""
-    outside_s: np.ndarray
-    """[sides, steps] the evaluator's clock around each request."""
-
-
 class Refused(Exception):
     """The trajectory broke a rule of the interleaving (CPU time beyond its turns, a worker that would not stop)."""
 
@@ -111,7 +102,7 @@ def _stop(pids: list[int], deadline_s: float = 2.0) -> None:
 
 def run_interleaved(sides: Sequence[Side], script: Script, seed: int, timeout_s: float, *,
                     logits_of: Sequence[int] = (), threads: int = 1, device_clock: bool = False,
-                    num_projections: int = 8, hold: Sequence[Supervisor] = ()) -> Interleaved:
+                    num_projections: int = 8, hold: Sequence[Supervisor] = ()) -> p.TrajectoryReply:
     """Run `script` on every side, interleaved per step (see the module docstring).
 
     `logits_of`: the sides whose kept logits come back; `threads`: the CPU threads each worker was given;
@@ -200,7 +191,7 @@ def run_interleaved(sides: Sequence[Side], script: Script, seed: int, timeout_s:
         for c in range(n):  # the last step's next tokens, and a collection outside every timed run
             turn(c, p.StepRequest(sides[c].candidate_id, None, score_next=pending[c], collect=True))
     except _Failed as f:
-        return Interleaved(f.reply, inside, outside)
+        return f.reply
     finally:
         for w in (*workers, *hold):
             w.signal_all(signal.SIGCONT)
@@ -212,9 +203,8 @@ def run_interleaved(sides: Sequence[Side], script: Script, seed: int, timeout_s:
                           f"{max(threads, 1)} thread(s): work on threads or processes it was not given")
     times = _cross_checked(inside, outside, sides) if device_clock else outside
     logits = torch.stack([torch.cat(kept[c]) for c in logits_of]) if logits_of and kept[logits_of[0]] else None
-    out = p.TrajectoryReply(times_s=torch.from_numpy(times), fingerprints=torch.stack([torch.cat(f) for f in feats]),
-                            tokens=torch.stack([torch.cat(a) for a in argmax]), logits=logits, used_graph=used_graph)
-    return Interleaved(out, inside, outside)
+    return p.TrajectoryReply(times_s=torch.from_numpy(times), fingerprints=torch.stack([torch.cat(f) for f in feats]),
+                             tokens=torch.stack([torch.cat(a) for a in argmax]), logits=logits, used_graph=used_graph)
 
 
 def _cross_checked(inside: np.ndarray, outside: np.ndarray, sides: Sequence[Side]) -> np.ndarray:
