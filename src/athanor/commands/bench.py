@@ -51,6 +51,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                           "window_ms): a steady state or a transient")
     d.add_argument("--kernels", action="store_true", help="CUDA: also profile each cell's step per kernel")
 
+    pf = add("prefill", "time to first token of one long prompt alone, and the TFLOP/s it reaches", cmd_prefill,
+             model=None)
+    pf.add_argument("--model", required=True, help="preset (random weights), random:PRESET[@SEED], HF dir or .gguf")
+    pf.add_argument("--tokens", default="16384", help="prompt lengths, comma-separated (e.g. 16384,32768)")
+    pf.add_argument("--candidate", default="best", help="reference, best (best-known), a candidate file, each "
+                                                       "optionally +compile; comma-separated")
+    pf.add_argument("--chunk", type=int, default=8192, help="tokens a prefill call takes (the server's "
+                                                            "--max-num-batched-tokens for a prompt alone)")
+    pf.add_argument("--repeats", type=int, default=3, help="timed prefills per length after a warm-up (median)")
+    pf.add_argument("--device", default=None, help=DEVICE_HELP)
+    pf.add_argument("--dtype", default="", help=DTYPE_HELP)
+
     s = add("swap", "cold start, swap, experiment and respawn times of the engine", cmd_swap)
     s.add_argument("--device", default=None, help=DEVICE_HELP)
     s.add_argument("--dtype", default="", help="float32, bfloat16, ... (default: as stored)")
@@ -160,6 +172,15 @@ def cmd_decode(args: argparse.Namespace) -> int:
     _done(record, args, [cell_line(c) for c in cells])
     failed = any(c["status"] == "error" for c in cells) or not any(c["status"] == "ok" for c in cells)
     return 1 if failed else 0
+
+
+def cmd_prefill(args: argparse.Namespace) -> int:
+    from athanor.bench.prefill import bench_prefill, prefill_lines
+
+    record = bench_prefill(args.model, _ints(args.tokens, "--tokens"), candidates=args.candidate, device=args.device,
+                           dtype=args.dtype, chunk=args.chunk, repeats=args.repeats)
+    _done(record, args, prefill_lines(record))
+    return 0 if all(c["status"] == "ok" for c in record["cells"]) else 1
 
 
 def cmd_swap(args: argparse.Namespace) -> int:

@@ -41,6 +41,7 @@ from athanor.kernels.moe import (
 from athanor.kernels.moe_block import MoeBlockConfig, MoeBlockOutput, moe_block
 from athanor.kernels.norm import add_rms_norm, rms_norm
 from athanor.kernels.per_seq_attention import decode_attention_per_seq
+from athanor.kernels.prefill_attention import prefill_attention
 from athanor.kernels.rope import KVWrite, rope, rope_and_cache
 from athanor.kernels.sampling import greedy, sample_top_k_top_p
 
@@ -68,6 +69,7 @@ __all__ = [
     "moe_block",
     "moe_experts",
     "num_kv_splits",
+    "prefill_attention",
     "qkv_rope_cache",
     "rms_norm",
     "rope",

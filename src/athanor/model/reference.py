@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from athanor.model import BuildContext, DecodeBatch, Model, PrefillBatch
 from athanor.model.spec import ModelSpec
@@ -149,30 +150,16 @@ class ReferenceForward:
     def _prefill(self, batch: PrefillBatch) -> Tensor:
         spec, m = self.spec, self.model
         eps = spec.rms_norm_eps
-        cu = batch.cu_seqlens.tolist()
-        starts = batch.seq_lens.tolist()
-        slots = batch.slots.tolist()
+        # One sync for the whole prefill: the padded query length and the longest key range.
+        max_new = int((batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]).max())
+        token_slots = token_rows(batch.cu_seqlens, batch.slots, batch.tokens.shape[0])
         x = F.embedding(batch.tokens, m.get("embed"))  # [T, H]
         for i in range(spec.num_layers):
             q, k, v = self._qkv(i, rms_norm(x, m.layer(i, "attn_norm"), eps), batch.positions)
-            out = torch.empty_like(q)  # [T, Hq, D]
-            for b, slot in enumerate(slots):
-                lo, hi, start = cu[b], cu[b + 1], starts[b]
-                end = start + hi - lo
-                self.k_cache[i][slot, :, start:end] = k[lo:hi].transpose(0, 1)
-                self.v_cache[i][slot, :, start:end] = v[lo:hi].transpose(0, 1)
-                keys = self.k_cache[i][slot, :, :end]  # [Hkv, end, D]
-                values = self.v_cache[i][slot, :, :end]
-                if start == 0:
-                    mask, causal = None, True
-                else:  # a continued prefill: query j sits at position start + j
-                    q_pos = torch.arange(start, end, device=x.device)
-                    mask, causal = torch.arange(end, device=x.device)[None, :] <= q_pos[:, None], False
-                attn = F.scaled_dot_product_attention(
-                    q[lo:hi].transpose(0, 1)[None], keys[None], values[None],
-                    attn_mask=mask, is_causal=causal, enable_gqa=True,
-                )  # [1, Hq, n, D]
-                out[lo:hi] = attn[0].transpose(0, 1)
+            self.k_cache[i][token_slots, :, batch.positions] = k
+            self.v_cache[i][token_slots, :, batch.positions] = v
+            out = prefill_attention(q, self.k_cache[i], self.v_cache[i], batch.cu_seqlens, batch.slots,
+                                    batch.seq_lens, max_new)
             x = x + F.linear(out.flatten(1), m.layer(i, "wo"))
             x = x + self._mlp(i, rms_norm(x, m.layer(i, "mlp_norm"), eps))
         last = batch.cu_seqlens[1:] - 1
@@ -212,6 +199,41 @@ def decode_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> T
     scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(values.dtype)
     return (probs @ values).reshape(b, hq * d)
+
+
+def token_rows(cu_seqlens: Tensor, per_seq: Tensor, num_tokens: int) -> Tensor:
+    """Each packed token's entry of `per_seq` [B] (its sequence's slot, say): [T]."""
+    return torch.repeat_interleave(per_seq, cu_seqlens[1:] - cu_seqlens[:-1], output_size=num_tokens)
+
+
+def prefill_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens: Tensor, slots: Tensor,
+                      starts: Tensor, max_new: int) -> Tensor:
+    """Causal attention of a packed prefill's queries over their slots' cached keys, which already hold the new
+    ones: query j of sequence b sits at position starts[b] + j and sees keys 0..starts[b] + j. Returns [T, Hq, D].
+
+    q: [T, Hq, D] packed by cu_seqlens [B+1]; k_cache, v_cache: [slots, Hkv, max_seq_len, D]; slots, starts: [B];
+    max_new: the longest sequence's new tokens. All sequences go through one scaled_dot_product_attention: a lone
+    sequence with lower-right causal alignment (flash attention, nothing materialised), several padded to
+    max_new queries with a mask of which keys each position sees.
+    """
+    t, hq, d = q.shape
+    b = slots.shape[0]
+    kv_len = int((starts + (cu_seqlens[1:] - cu_seqlens[:-1])).max())
+    keys = k_cache[:, :, :kv_len].index_select(0, slots)  # [B, Hkv, L, D]
+    values = v_cache[:, :, :kv_len].index_select(0, slots)
+    if b == 1:
+        mask: Tensor | CausalBias = causal_lower_right(t, kv_len)
+        return F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys, values, attn_mask=mask,
+                                              enable_gqa=True)[0].transpose(0, 1)
+    seq = token_rows(cu_seqlens, torch.arange(b, device=q.device), t)  # [T] each token's sequence
+    j = torch.arange(t, device=q.device) - cu_seqlens[seq]  # [T] its index in the sequence
+    padded = q.new_zeros(b, max_new, hq, d)
+    padded[seq, j] = q
+    q_pos = starts[:, None] + torch.arange(max_new, device=q.device)[None, :]  # [B, M]
+    mask = torch.arange(kv_len, device=q.device)[None, None, :] <= q_pos[:, :, None]  # [B, M, L]
+    out = F.scaled_dot_product_attention(padded.transpose(1, 2), keys, values, attn_mask=mask[:, None],
+                                         enable_gqa=True)  # [B, Hq, M, D]
+    return out.transpose(1, 2)[seq, j]
 
 
 def swiglu(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> Tensor:

@@ -81,6 +81,12 @@ MOVES: tuple[Move, ...] = (
          "only) are preferred where they apply, with math as the fallback (e.g. for masks a backend does not "
          "take). Prefill is half of a chat workload's cost.",
          cuda_only=("flash_attention", "efficient_attention", "cudnn_attention")),
+    Move("prefill_attention", ("torch", "triton"), "torch",
+         "Prefill attention over the KV cache: 'torch' is the reference's (one scaled_dot_product_attention for the "
+         "batch: a lone chunk with lower-right causal alignment, several padded to the longest with a mask of which "
+         "keys each position sees, on the backend the sdpa move picks); 'triton' a flash-attention kernel over the "
+         "packed chunks that reads each slot's keys in place, for any chunk position: no padding, no mask, no copy "
+         "of a long prompt's cached prefix per chunk. Long prompts and chunked prefills are where it pays."),
     Move("kv_layout", ("head_major", "token_major"), "head_major",
          "KV cache storage: [slots, heads, seq, D] (the reference's; each head's keys contiguous, best for "
          "split-KV reads) or [slots, seq, heads, D] (a token's heads contiguous: cheaper cache writes, "

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -12,12 +13,13 @@ from athanor.kernels import (
     decode_attention,
     decode_attention_flex,
     decode_attention_per_seq,
+    prefill_attention,
     rms_norm,
     rope,
     rope_and_cache,
     rope_cache_attention,
 )
-from athanor.model import BuildContext, ModelSpec
+from athanor.model import BuildContext, ModelSpec, PrefillBatch
 from athanor.model.reference import PREFILL_SDPA, rope_inv_freq
 from athanor.moves.templates.fast.kv_cache import KVCache
 from athanor.moves.templates.fast.linear import Linears
@@ -25,13 +27,12 @@ from athanor.moves.templates.fast.options import OPTIONS, impl
 from athanor.moves.templates.fast.weights import Layer
 
 
-def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
-    """Prefill's scaled_dot_product_attention on OPTIONS["sdpa"]'s backend (the math kernel as its fallback),
-    or on the reference's (`PREFILL_SDPA`: flash, then efficient attention; never cuDNN's)."""
+def sdpa_backends() -> Any:
+    """A context choosing prefill's scaled_dot_product_attention backends: OPTIONS["sdpa"]'s (the math kernel as its
+    fallback), or the reference's (`PREFILL_SDPA`: flash, then efficient attention; never cuDNN's)."""
     name = OPTIONS["sdpa"]
     backends = PREFILL_SDPA if name is None else (getattr(SDPBackend, str(name).upper()), SDPBackend.MATH)
-    with sdpa_kernel(list(dict.fromkeys(backends)), set_priority=True):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
+    return sdpa_kernel(list(dict.fromkeys(backends)), set_priority=True)
 
 
 class Attention:
@@ -75,25 +76,17 @@ class Attention:
                 rms_norm(k, layer.k_norm, self.eps, impl=impl("rmsnorm")))
 
     # -- prefill ---------------------------------------------------------------------------------------------
-    def prefill(self, i: int, layer: Layer, h: Tensor, positions: Tensor,
-                sequences: list[tuple[int, int, int, int]]) -> Tensor:
-        """Layer i's attention [T, Hq, D] for the normed hidden states h [T, H] of a prefill batch: per sequence
-        (slot, its tokens [lo, hi) in the batch, its cached length), its keys and values cached, its queries
-        attending causally over all of its keys (a continued prefill's too)."""
+    def prefill(self, i: int, layer: Layer, h: Tensor, batch: PrefillBatch, token_slots: Tensor,
+                max_new: int) -> Tensor:
+        """Layer i's attention [T, Hq, D] for the normed hidden states h [T, H] of a prefill batch (token_slots [T]:
+        each token's slot; max_new: the longest sequence's new tokens): the keys and values cached, then every
+        sequence's queries attending causally over its slot's keys, a continued prefill's too, in one call."""
         q, k, v = self.qkv(layer, h)
-        q, k = rope(*self.qk_norm(layer, q, k), self.cos, self.sin, positions, impl=impl("rope"))
-        out = torch.empty_like(q)  # [T, Hq, D]
-        for slot, lo, hi, start in sequences:
-            keys, values = self.cache.extend(i, slot, start, k[lo:hi], v[lo:hi])  # [Hkv, end, D]
-            end = start + hi - lo
-            if start == 0:
-                mask, causal = None, True
-            else:  # a continued prefill: query j sits at position start + j
-                q_pos = torch.arange(start, end, device=h.device)
-                mask, causal = torch.arange(end, device=h.device)[None, :] <= q_pos[:, None], False
-            attn = sdpa(q[lo:hi].transpose(0, 1)[None], keys[None], values[None], mask, causal)  # [1, Hq, n, D]
-            out[lo:hi] = attn[0].transpose(0, 1)
-        return out
+        q, k = rope(*self.qk_norm(layer, q, k), self.cos, self.sin, batch.positions, impl=impl("rope"))
+        self.cache.write(i, token_slots, batch.positions, k, v)
+        with sdpa_backends():
+            return prefill_attention(q, self.cache.k[i], self.cache.v[i], batch.cu_seqlens, batch.slots,
+                                     batch.seq_lens, max_new, impl=impl("prefill_attention"))
 
     # -- decode ----------------------------------------------------------------------------------------------
     def kv_lens(self, positions: Tensor) -> Tensor:

@@ -27,11 +27,3 @@ class KVCache:
         """Layer i's new keys and values k, v [B, Hkv, D], each row's at its slot and position."""
         self.k[i][slots, :, positions] = k
         self.v[i][slots, :, positions] = v
-
-    def extend(self, i: int, slot: int, start: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Layer i's keys and values k, v [n, Hkv, D] of one sequence's tokens from position `start` on, written;
-        the slot's keys and values up to the last of them, [Hkv, start + n, D] each."""
-        end = start + k.shape[0]
-        self.k[i][slot, :, start:end] = k.transpose(0, 1)
-        self.v[i][slot, :, start:end] = v.transpose(0, 1)
-        return self.k[i][slot, :, :end], self.v[i][slot, :, :end]

@@ -1,0 +1,140 @@
+"""`athanor bench prefill`: time to first token of one long prompt alone, and the FLOP/s it reaches.
+
+The model is loaded once; each candidate is swapped into an `Engine` with one slot of the longest prompt, and each
+prompt is prefilled in chunks of `chunk` tokens, one `prefill` call after the other as the server's scheduler
+issues them for a prompt alone, then its first token sampled (greedy). The figure is the wall time from the
+first chunk to that token, the median of `repeats` after one warm-up of the same length.
+
+FLOPs counted: every linear layer's 2 x rows x in x out (the LM head for the last token only) and causal
+attention's 2 x 2 x heads x head_dim x (n^2 / 2) per layer (QK^T and PV over the keys each query sees), the count
+long-context serving papers use; an MoE layer counts its top-k experts per token.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import tempfile
+import time
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from athanor.bench.decode import candidate_source, load_for_decode, parse_candidates
+from athanor.bench.record import default_device, default_dtype, provenance
+from athanor.errors import ConfigError
+from athanor.model import ModelSpec, PrefillBatch
+
+
+def prefill_flops(spec: ModelSpec, tokens: int) -> float:
+    """Linear and causal-attention FLOPs of one prompt of `tokens` tokens (module docstring)."""
+    h, d = spec.hidden_size, spec.head_dim
+    attn_linear = h * d * (2 * spec.num_heads + 2 * spec.num_kv_heads)  # q, k, v in; o out
+    if spec.moe is None:
+        mlp = 3 * h * spec.intermediate_size
+    else:
+        mlp = 3 * h * spec.moe.intermediate_size * spec.moe.top_k + h * spec.moe.num_experts
+        mlp += 3 * h * spec.moe.shared_intermediate_size
+    linear = 2 * tokens * (attn_linear + mlp) * spec.num_layers + 2 * h * spec.vocab_size
+    attention = 2 * 2 * spec.num_heads * d * tokens * tokens / 2 * spec.num_layers
+    return float(linear + attention)
+
+
+def _prefill_once(forward: Any, tokens: torch.Tensor, chunk: int, dev: torch.device) -> float:
+    """Seconds from the first chunk to the first token of `tokens` prefilled into slot 0."""
+    n = int(tokens.shape[0])
+    slot = torch.zeros(1, dtype=torch.long, device=dev)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    t = time.perf_counter()
+    for start in range(0, n, chunk):
+        piece = tokens[start:start + chunk]
+        k = int(piece.shape[0])
+        batch = PrefillBatch(piece, torch.tensor([0, k], dtype=torch.long, device=dev),
+                             torch.arange(start, start + k, dtype=torch.long, device=dev), slot,
+                             torch.tensor([start], dtype=torch.long, device=dev))
+        logits = forward.prefill(batch)
+    int(logits.argmax(-1)[0])  # the first token on the host, as the server has it
+    return time.perf_counter() - t
+
+
+def prefill_cell(model: Any, model_name: str, lengths: Sequence[int], candidate: str, use_compile: bool,
+                 device: str, dtype: str, chunk: int, repeats: int) -> dict[str, Any]:
+    """One candidate over every prompt length; its JSON-ready record."""
+    from athanor.engine import protocol as p
+    from athanor.engine.candidate import Candidate
+    from athanor.engine.config import EngineConfig
+    from athanor.engine.core import Engine
+
+    dev = torch.device(device)
+    spec = model.spec
+    source, label = candidate_source(candidate, spec, use_compile, device)
+    record: dict[str, Any] = {"candidate": candidate, "candidate_label": label, "compile": use_compile, "runs": []}
+    with tempfile.TemporaryDirectory(prefix="athanor-bench-prefill-") as tmp:
+        config = EngineConfig(model=model_name, device=device, dtype=dtype, max_seqs=1, max_seq_len=max(lengths) + 16,
+                              buckets=(1,), scratch_dir=tmp)
+        engine = Engine(config, model)
+        try:
+            reply = engine.swap(p.SwapRequest(Candidate.from_source(source, description=label)))
+            if reply.status != "ok":
+                record.update(status="error", error=reply.error[-2000:])
+                return record
+            forward = engine.residents[reply.candidate_id].forward
+            gen = torch.Generator().manual_seed(0)
+            for n in lengths:
+                tokens = torch.randint(0, spec.vocab_size, (n,), generator=gen).to(dev)
+                _prefill_once(forward, tokens, chunk, dev)  # warm-up: kernels compiled and tuned for these shapes
+                times = [_prefill_once(forward, tokens, chunk, dev) for _ in range(repeats)]
+                ttft = statistics.median(times)
+                flops = prefill_flops(spec, n)
+                record["runs"].append({"tokens": n, "ttft_s": ttft, "times_s": times, "flops": flops,
+                                       "tflops": flops / ttft / 1e12})
+        finally:
+            engine.close()
+    record["status"] = "ok"
+    return record
+
+
+def bench_prefill(model_name: str, lengths: Sequence[int], candidates: str = "best", device: str | None = None,
+                  dtype: str = "", chunk: int = 8192, repeats: int = 3) -> dict[str, Any]:
+    """Every candidate x prompt length, the model loaded once; one record with a `cells` list."""
+    if not lengths or min(lengths) < 1 or chunk < 1 or repeats < 1:
+        raise ConfigError("--tokens, --chunk and --repeats must be at least 1")
+    device = default_device(device)
+    dtype = default_dtype(device, dtype)
+    chosen = parse_candidates(candidates)
+    record: dict[str, Any] = {"benchmark": "prefill", "model": model_name, "dtype": dtype, "chunk": chunk,
+                              "repeats": repeats, **provenance(device)}
+    model, _ = load_for_decode(model_name, device, dtype)
+    cells = []
+    for candidate, compiled in chosen:
+        try:
+            cell = prefill_cell(model, model_name, lengths, candidate, compiled, device, dtype, chunk, repeats)
+        except ConfigError:
+            raise
+        except Exception as e:  # recorded, and the next candidate runs
+            cell = {"candidate": candidate, "compile": compiled, "status": "error",
+                    "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
+        cells.append(cell)
+        gc.collect()
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
+    record["cells"] = cells
+    return record
+
+
+def prefill_lines(record: dict[str, Any]) -> list[str]:
+    """One line per candidate and prompt length: its TTFT and TFLOP/s, or why there is none."""
+    lines = []
+    for cell in record["cells"]:
+        label = cell.get("candidate_label", cell["candidate"])
+        if cell["status"] != "ok":
+            why = (str(cell.get("error", "")).strip().splitlines() or [""])[-1]
+            lines.append(f"{record['model']} {label}: {cell['status']}: {why}")
+            continue
+        for run in cell["runs"]:
+            lines.append(f"{record['model']} {label} prompt {run['tokens']} (chunks of {record['chunk']}): TTFT "
+                         f"{run['ttft_s']:.3f} s, {run['tflops']:.0f} TFLOP/s")
+    return lines

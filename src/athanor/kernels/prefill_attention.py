@@ -1,0 +1,57 @@
+"""Prefill attention: a packed batch of chunks, each attending causally over its slot's cached keys.
+
+The caller writes the chunks' keys and values into the cache first; query j of sequence b sits at position
+starts[b] + j and sees keys 0..starts[b] + j of slot slots[b]. One call serves fresh prompts and later chunks of
+long ones alike, all sequences at once. The Triton path (`jit/prefill_attention.py`) is a flash-attention kernel
+reading the cache in place; the fallback is the reference's (`athanor.model.reference.prefill_attention`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from athanor.kernels.dispatch import Impl, cdiv, check_choice, next_pow2, use_triton
+from athanor.model.reference import prefill_attention as prefill_attention_torch
+
+BLOCKS = (16, 32, 64, 128)
+"""The query and key tile sizes `prefill_attention(block_m=, block_n=)` may set."""
+WARPS = (4, 8)
+"""The warps it may launch with: a [128, 64] tile's two dots want 8 on Hopper, smaller tiles 4."""
+
+
+def prefill_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens: Tensor, slots: Tensor,
+                      starts: Tensor, max_new: int, impl: Impl = None, *, block_m: int = 128, block_n: int = 64,
+                      num_warps: int = 8, num_stages: int = 3) -> Tensor:
+    """Attention [T, Hq, D] in q's dtype of a packed prefill's queries over their slots' cached keys.
+
+    q: [T, Hq, D] packed by cu_seqlens [B+1] (int64); k_cache, v_cache: [num_slots, Hkv, max_seq_len, D], any
+    strides with a contiguous head_dim (a token-major cache as a permuted view); slots, starts: [B] int64; max_new:
+    the longest sequence's new tokens (it sizes the grid). How the Triton kernel runs (no value changes beyond the
+    online softmax's rounding): `block_m` queries and `block_n` keys a tile (each one of `BLOCKS`), `num_warps`
+    (one of `WARPS`) and `num_stages` of software pipelining; the defaults suit head_dim 128 on Hopper.
+    """
+    if not use_triton(q, impl):
+        return prefill_attention_torch(q, k_cache, v_cache, cu_seqlens, slots, starts, max_new)
+    from athanor.kernels.jit.prefill_attention import prefill_attention_kernel
+
+    t, hq, d = q.shape
+    hkv = k_cache.shape[1]
+    assert d == next_pow2(d) and q.stride(2) == 1 and k_cache.stride(3) == 1 and v_cache.stride(3) == 1
+    block_m = check_choice("block_m", block_m, BLOCKS, "queries a tile")
+    block_n = check_choice("block_n", block_n, BLOCKS, "keys a tile")
+    num_warps = check_choice("num_warps", num_warps, WARPS, "warps")
+    out = torch.empty_like(q)
+    b = slots.shape[0]
+    if t == 0 or b == 0:
+        return out
+    prefill_attention_kernel[(cdiv(max_new, block_m), b, hq)](
+        q, k_cache, v_cache, out, cu_seqlens, slots, starts,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
+        d**-0.5 * math.log2(math.e),
+        GROUP=hq // hkv, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
+    )
+    return out
