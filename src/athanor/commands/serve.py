@@ -13,6 +13,12 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+GPU_STEP_TOKENS = 8192
+"""A step's default token budget on a GPU: long prompts go in chunks big enough for the GEMMs to be compute-bound
+(vLLM's default for its API server), and a step's decode rows wait one such chunk at most."""
+CPU_STEP_TOKENS = 256
+"""The CPU's: a chunk of 256 rows already keeps its GEMMs busy, and decode rows wait less behind it."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API, with canary deploys")
@@ -26,11 +32,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log", default="", help="request log to append to (JSONL, the 'athanor' trace format)")
     p.add_argument("--log-prompts", action="store_true", help="also log prompt text (off: lengths and hashes only)")
     p.add_argument("--store", default="", help="experiment store (path or URL) recording deployments")
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    p.add_argument("--dtype", default="", help="float32, bfloat16, ... (default: as stored)")
+    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: CUDA when present, else cpu)")
+    p.add_argument("--dtype", default="", help="float32, bfloat16, ... (default: bfloat16 on CUDA, as stored on "
+                                               "the CPU)")
     p.add_argument("--max-seqs", type=int, default=8, help="sequences served at once (KV slots per candidate)")
     p.add_argument("--max-seq-len", type=int, default=2048, help="context length (prompt + output tokens)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=256, help="token budget of one step")
+    p.add_argument("--max-num-batched-tokens", type=int, default=0, help="token budget of one step (default: "
+                   f"{GPU_STEP_TOKENS} on CUDA, {CPU_STEP_TOKENS} on the CPU)")
     p.add_argument("--max-queue", type=int, default=256, help="waiting requests before answering 429")
     p.add_argument("--threads", type=int, default=0, help="CPU threads of the worker (0: the engine's default)")
     p.add_argument("--no-sandbox", action="store_true", help="run candidate code unconfined (trusted code only)")
@@ -74,23 +82,32 @@ def read_admin_token(path: str) -> str:
 def cmd_serve(args: argparse.Namespace) -> int:
     from athanor.engine.candidate_dir import load_candidate_dir
     from athanor.errors import ConfigError
+    from athanor.model.device import resolve_device
     from athanor.serve.app import ServeOptions, run_server
     from athanor.serve.config import SchedulerConfig
 
+    device = resolve_device(args.device)
+    # A GPU serves in bf16 unless told otherwise: what vLLM's "auto" does for a float32 checkpoint too, and what
+    # every random preset is benchmarked in.
+    dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "")
+    step_tokens = args.max_num_batched_tokens or (GPU_STEP_TOKENS if device.type == "cuda" else CPU_STEP_TOKENS)
     if args.max_seqs < 1 or args.max_seq_len < 2:
         raise ConfigError("--max-seqs must be >= 1 and --max-seq-len >= 2")
-    if args.max_num_batched_tokens < args.max_seqs:
-        raise ConfigError(f"--max-num-batched-tokens {args.max_num_batched_tokens}: must be at least --max-seqs "
+    if step_tokens < args.max_seqs:
+        raise ConfigError(f"--max-num-batched-tokens {step_tokens}: must be at least --max-seqs "
                           f"({args.max_seqs}), so every running sequence can decode in one step")
     if args.candidate:
         load_candidate_dir(args.candidate)  # a bad directory is the user's mistake: say so before starting
     options = ServeOptions(
-        model=args.model, candidate_dir=args.candidate, served_model_name=args.served_model_name, device=args.device,
-        dtype=args.dtype, max_seqs=args.max_seqs, max_seq_len=args.max_seq_len, threads=args.threads,
+        model=args.model, candidate_dir=args.candidate, served_model_name=args.served_model_name, device=str(device),
+        dtype=dtype, max_seqs=args.max_seqs, max_seq_len=args.max_seq_len, threads=args.threads,
         sandbox=not args.no_sandbox, admin_token=read_admin_token(args.admin_token_file), log_path=args.log,
         log_prompts=args.log_prompts, store=args.store,
-        scheduler=SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens, max_queue=args.max_queue))
+        scheduler=SchedulerConfig(max_num_batched_tokens=step_tokens, max_queue=args.max_queue))
     logging.getLogger("athanor").setLevel(logging.INFO)
+    log.info("serving %s (%s) on %s in %s: %d sequences of up to %d tokens, %d tokens a step", args.model,
+             args.candidate or "the reference forward", device, dtype or "the stored dtype", args.max_seqs,
+             args.max_seq_len, step_tokens)
     run_server(options, args.host, args.port)
     return 0
 

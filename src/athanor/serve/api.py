@@ -1,15 +1,18 @@
 """The HTTP edge: OpenAI request schemas (pydantic), error bodies and response shapes.
 
-Only what athanor serves is modelled; unknown OpenAI fields are accepted and ignored, as other
+Only what athanor serves is modelled. A field of the OpenAI (or vLLM) API that athanor does not implement is
+refused with a 400 naming it when it asks for something (`UNSUPPORTED`): a client that asks for log-probabilities
+or a JSON schema must not get plain text as if it had them. Fields no API defines are ignored, as other
 OpenAI-compatible servers do. Every error is `{"error": {"message", "type", "param", "code"}}`.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class APIError(Exception):
@@ -28,8 +31,41 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "logprobs": (None, 0, False),
+    "top_logprobs": (None, 0),
+    "n": (None, 1),
+    "best_of": (None, 1),
+    "response_format": (None, {"type": "text"}),
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+    "repetition_penalty": (None, 1),
+    "suffix": (None, ""),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+}
+"""Fields athanor does not implement, with the values that ask for nothing (accepted)."""
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, raw: Any) -> Any:
+        if isinstance(raw, dict):
+            for name, harmless in UNSUPPORTED.items():
+                if name in raw and raw[name] not in harmless:
+                    raise APIError(400, f"{name}: not supported by this server (omit it, or send "
+                                        f"{json.dumps(harmless[-1])})", param=name, code="unsupported_field")
+        return raw
 
     model: str
     max_tokens: int | None = None
@@ -39,7 +75,6 @@ class _Request(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
-    n: int = 1
     user: str | None = None
 
     def stop_strings(self) -> list[str]:

@@ -11,7 +11,6 @@ import json
 import logging
 import secrets
 import tempfile
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -175,16 +174,20 @@ def _sse(obj: object) -> bytes:
     return f"data: {json.dumps(obj)}\n\n".encode()
 
 
-def create_app(options: ServeOptions) -> FastAPI:
-    state = ServerState(options)
+def create_app(options: ServeOptions, state: ServerState | None = None) -> FastAPI:
+    """The app; its lifespan starts and stops a new `ServerState`, or leaves a given `state` to its owner."""
+    owned = state is None
+    state = state or ServerState(options)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await state.start()
+        if owned:
+            await state.start()
         try:
             yield
         finally:
-            await state.close()
+            if owned:
+                await state.close()
 
     app = FastAPI(title="athanor", lifespan=lifespan)
     app.state.server = state
@@ -227,8 +230,6 @@ def create_app(options: ServeOptions) -> FastAPI:
         if req.model != options.name:
             raise APIError(404, f"the model {req.model!r} does not exist; this server serves {options.name!r}",
                            param="model", code="model_not_found")
-        if req.n != 1:
-            raise APIError(400, "n: only n=1 is supported", param="n")
         if not prompt_ids:
             raise APIError(400, "the prompt is empty", param="prompt")
         room = options.max_seq_len - len(prompt_ids)
@@ -359,13 +360,21 @@ def create_app(options: ServeOptions) -> FastAPI:
 
 
 def run_server(options: ServeOptions, host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Serve until interrupted (blocks)."""
+    """Serve until interrupted (blocks). The worker starts first, so a model or candidate that cannot be served
+    ends the command with its reason (EngineDied) before anything listens."""
+    import asyncio
+
     import uvicorn
 
-    log.info("athanor serve: %s on http://%s:%d", options.name, host, port)
-    t0 = time.perf_counter()
-    app = create_app(options)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
-    log.debug("app built in %.2fs", time.perf_counter() - t0)
-    server.run()
+    async def serve() -> None:
+        state = ServerState(options)
+        try:
+            await state.start()
+            log.info("athanor serve: %s on http://%s:%d", options.name, host, port)
+            app = create_app(options, state)
+            config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+            await uvicorn.Server(config).serve()
+        finally:
+            await state.close()
+
+    asyncio.run(serve())

@@ -105,10 +105,9 @@ class WorkerHandle:
                 log.info("serving worker %s up with %s", self.pid, status.active_candidate)
                 return status
             if not self.is_alive() or loop.time() > deadline:
-                tail = self.log_tail(5)
+                last = (self.log_tail(1).strip().splitlines() or ["no output"])[-1]
                 self._kill()
-                raise EngineDied(f"the serving worker did not start: {tail.strip() or 'no output'} "
-                                 f"(log: {self.log_path})")
+                raise EngineDied(f"the serving worker did not start: {last.split(': ', 1)[-1]} (log: {self.log_path})")
 
     def _kill(self) -> None:
         proc, self._proc = self._proc, None

@@ -312,11 +312,13 @@ def run_worker(config: WorkerConfig, key: bytes) -> int:
     incumbent = load_candidate_dir(config.candidate_dir) if config.candidate_dir else baseline_candidate()
     reply = engine.swap(p.SwapRequest(incumbent))
     if reply.status != "ok":
-        log.error("candidate %s did not build (%s); serving the baseline", incumbent.id, reply.error)
-        reply = engine.swap(p.SwapRequest(baseline_candidate()))
-        if reply.status != "ok":
-            log.error("the baseline did not build either: %s", reply.error)
-            return 1
+        # Never another candidate in its place: a server must run what it was told to or nothing. The last line
+        # of the log is the reason the front end reports.
+        log.error("%s", reply.error)
+        what = f"--candidate {config.candidate_dir}" if config.candidate_dir else "the reference forward"
+        reason = (reply.error.strip().splitlines() or ["no error text"])[-1]
+        log.error("%s did not build: %s", what, reason)
+        return 1
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)

@@ -38,6 +38,14 @@ def build(model, ctx):  # noqa: F811
 '''
 
 
+BROKEN_BUILD = '''
+
+# Planted fault: the candidate imports, but its build fails.
+def build(model, ctx):  # noqa: F811
+    raise RuntimeError("planted: this candidate cannot build")
+'''
+
+
 @dataclass(frozen=True)
 class Server:
     url: str
@@ -79,3 +87,8 @@ def good_candidate(server: Server) -> Path:
 @pytest.fixture
 def bad_candidate(server: Server) -> Path:
     return candidate_dir(server.work, "bad", WRONG_LOGITS)
+
+
+@pytest.fixture
+def broken_candidate(server: Server) -> Path:
+    return candidate_dir(server.work, "broken", BROKEN_BUILD)

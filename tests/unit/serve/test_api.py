@@ -95,6 +95,14 @@ BAD = [
      "context_length_exceeded"),
     ("post", "/v1/chat/completions", json.dumps({"model": MODEL, "messages": []}).encode(), 400, None),
     ("post", "/v1/completions", json.dumps({"model": MODEL, "prompt": "hi", "temperature": -1}).encode(), 400, None),
+    # Fields of the API athanor does not implement are refused by name, not ignored.
+    ("post", "/v1/chat/completions", json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                                 "logprobs": True}).encode(), 400, "unsupported_field"),
+    ("post", "/v1/completions", json.dumps({"model": MODEL, "prompt": "hi", "n": 2}).encode(), 400,
+     "unsupported_field"),
+    ("post", "/v1/chat/completions", json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                                 "response_format": {"type": "json_object"}}).encode(), 400,
+     "unsupported_field"),
     ("post", "/admin/deploy", json.dumps({"candidate_dir": "/nonexistent"}).encode(), 401, "missing_token"),
     ("get", "/admin/deployments", b"", 401, "missing_token"),
 ]

@@ -83,3 +83,16 @@ def test_bad_candidate_is_rolled_back(server: Server, bad_candidate: Path) -> No
     assert [d["phase"] for d in history][-2:] == ["deployed", "rolled_back"]
     with open_store(server.store_path) as store:
         assert store.deployments()[0].status == "rolled_back"
+
+
+def test_a_deploy_that_cannot_build_fails_visibly_and_the_incumbent_serves(server: Server,
+                                                                          broken_candidate: Path) -> None:
+    before = httpx.get(f"{server.url}/health").json()["candidate"]
+    dep, failures, _ = _deploy_under_load(server, broken_candidate)
+    assert failures == []
+    assert dep["phase"] == "failed" and "did not build" in dep["reason"], dep
+    assert "planted: this candidate cannot build" in dep["reason"]
+    assert httpx.get(f"{server.url}/health").json()["candidate"] == before
+    history = httpx.get(f"{server.url}/admin/deployments", headers=server.admin).json()["data"]
+    assert history[-1]["phase"] == "failed" and history[-1]["candidate_id"] == dep["candidate_id"]
+    assert 'athanor_deployments_total{outcome="failed"} 1.0' in httpx.get(f"{server.url}/metrics").text
