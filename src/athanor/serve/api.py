@@ -74,6 +74,8 @@ class _Request(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
+    ignore_eos: bool = False
+    """vLLM's: generate max_tokens tokens past the end-of-sequence token (benchmarks use it)."""
     stream_options: dict[str, Any] | None = None
     user: str | None = None
 

@@ -248,7 +248,7 @@ def create_app(options: ServeOptions, state: ServerState | None = None) -> FastA
             raise APIError(400, "prompt: token ids must be non-negative", param="prompt")
         seed = req.seed if req.seed is not None else secrets.randbits(31)
         return GenerationParams(max_tokens or room, req.temperature, req.top_p, seed & ((1 << 62) - 1),
-                                tuple(req.stop_strings()), tuple(state.tokenizer.stop_ids))
+                                tuple(req.stop_strings()), () if req.ignore_eos else tuple(state.tokenizer.stop_ids))
 
     def generation(prompt_ids: list[int], p: GenerationParams, prompt_text: str, prefix: str) -> Generation:
         return Generation(handle(), state.tokenizer, state.metrics, state.request_log, prompt_ids, p,

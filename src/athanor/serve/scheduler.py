@@ -38,6 +38,8 @@ class Sequence:
     slot: int = -1
     num_computed: int = 0
     """Tokens held in the slot's KV state."""
+    num_cached: int = 0
+    """Of those, the prompt tokens its slot already held when it was admitted (no prefill ran for them)."""
     num_emitted: int = 0
     """Generated tokens already reported to the front end."""
     finish_reason: str | None = None
@@ -100,20 +102,51 @@ class StepPlan:
 
 
 class SlotPool:
-    """Free KV slots of one resident candidate (slot `max_seqs` is the engine's padding slot: never handed out)."""
+    """Free KV slots of one resident candidate (slot `max_seqs` is the engine's padding slot: never handed out),
+    each remembering the tokens its KV state still holds from the sequence that last used it.
+
+    Prefix reuse: `take(tokens)` hands out the free slot whose held tokens share the longest prefix with `tokens`,
+    and how many of them are shared; that many need no prefill. Conversations resend their history each turn, so
+    the slot of a conversation's last turn usually holds most of the next turn's prompt. A slot whose content
+    matches nothing is taken least recently freed first (LRU), so the most recent histories stay longest.
+    """
 
     def __init__(self, max_seqs: int) -> None:
-        self._free = list(range(max_seqs - 1, -1, -1))
+        self._free: dict[int, list[int]] = {slot: [] for slot in range(max_seqs)}
+        """Free slot -> the tokens its KV state holds, oldest freed first (dicts keep insertion order)."""
 
-    def take(self) -> int:
-        return self._free.pop()
+    def take(self, tokens: list[int] | None = None) -> tuple[int, int]:
+        """(a free slot, the number of leading tokens of `tokens` it already holds); at least one token of
+        `tokens` is left to compute, since the next token is sampled from the last one's logits."""
+        best, shared = next(iter(self._free)), 0
+        if tokens:
+            for slot, held in self._free.items():
+                n = common_prefix(held, tokens, len(tokens) - 1)
+                if n > shared:
+                    best, shared = slot, n
+        del self._free[best]
+        return best, shared
 
-    def give(self, slot: int) -> None:
-        self._free.append(slot)
+    def give(self, slot: int, held: list[int] | None = None) -> None:
+        """Free `slot`, its KV state holding `held` (nothing reusable when None)."""
+        self._free.pop(slot, None)
+        self._free[slot] = held or []
 
     @property
     def num_free(self) -> int:
         return len(self._free)
+
+
+def common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    """Length of the longest common prefix of a and b, at most `limit` (binary search over C-speed slice compares)."""
+    lo, hi = 0, min(len(a), len(b), limit)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 Router = Callable[[Sequence], str]
@@ -186,15 +219,17 @@ class Scheduler:
         seq.error = error
         if seq in self.running:
             self.running.remove(seq)
-            self._free_slots(seq)
+            # An error may have left the slot's KV state half written: keep nothing of it.
+            self._free_slots(seq, keep=not error)
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.finished.append(seq)
 
-    def _free_slots(self, seq: Sequence) -> None:
+    def _free_slots(self, seq: Sequence, keep: bool = False) -> None:
+        """Give back the sequence's slots; with `keep`, its slot remembers the tokens its KV state holds."""
         # The twin's candidate stays named, so the canary can count the finished shadow sequence.
         if seq.slot >= 0 and seq.candidate_id in self.pools:
-            self.pools[seq.candidate_id].give(seq.slot)
+            self.pools[seq.candidate_id].give(seq.slot, seq.tokens[:seq.num_computed] if keep else None)
         if seq.twin_slot >= 0 and seq.twin_candidate in self.pools:
             self.pools[seq.twin_candidate].give(seq.twin_slot)
         seq.slot = seq.twin_slot = -1
@@ -223,10 +258,15 @@ class Scheduler:
             if pool is None or pool.num_free == 0:
                 break  # FIFO: the head waits for a slot, the others wait behind it
             self.waiting.popleft()
-            seq.candidate_id, seq.slot = cid, pool.take()
             twin = want_twin(seq)
             if twin and twin in self.pools and self.pools[twin].num_free > 0 and seq.num_computed == 0:
-                seq.twin_candidate, seq.twin_slot = twin, self.pools[twin].take()
+                # A mirrored sequence computes its whole prompt on both sides, so the two agree token for token.
+                (seq.slot, _), (seq.twin_slot, _) = pool.take(), self.pools[twin].take()
+                seq.candidate_id, seq.twin_candidate = cid, twin
+            else:
+                seq.candidate_id = cid
+                seq.slot, seq.num_cached = pool.take(seq.tokens if seq.num_computed == 0 else None)
+                seq.num_computed = seq.num_cached
             self.running.append(seq)
 
     def schedule(self, route: Router, want_twin: Callable[[Sequence], str] | None = None) -> StepPlan:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from athanor.serve.config import SchedulerConfig
 from athanor.serve.messages import Submit
-from athanor.serve.scheduler import Scheduler
+from athanor.serve.scheduler import Scheduler, SlotPool
 
 
 def make(budget: int = 8, max_seqs: int = 2, max_queue: int = 4) -> Scheduler:
@@ -73,3 +73,55 @@ def test_migrated_sequence_recomputes_its_tokens_elsewhere() -> None:
     s.migrate(seq, "A")
     plan = s.schedule(lambda q: "B")
     assert seq.candidate_id == "A" and plan.prefill["A"][0].start == 0 and plan.prefill["A"][0].end == 4
+
+
+def _finish_alone(s: Scheduler, request_id: str, prompt: tuple[int, ...], max_tokens: int = 2) -> int:
+    """Run one request to its end alone; how many of its prompt tokens ran (as prefill chunks or a decode row)."""
+    s.submit(Submit(request_id, prompt, max_tokens=max_tokens))
+    computed = 0
+    while not s.is_idle:
+        plan = s.schedule(lambda seq: "A")
+        for part in (plan.decode, plan.prefill):
+            for chunks in part.values():
+                for c in chunks:
+                    computed += max(0, min(c.end, len(prompt)) - c.start)
+                    s.complete(c, 7)
+    return computed
+
+
+def test_a_conversation_turn_reuses_the_slot_holding_its_history() -> None:
+    s = make(budget=64, max_seqs=2)
+    turn1 = tuple(range(10, 30))
+    assert _finish_alone(s, "turn1", turn1) == 20
+    history = s.finished[-1].tokens[:s.finished[-1].num_computed]  # the prompt and the output it fed back
+    assert history == [*turn1, 7]
+    _finish_alone(s, "other", tuple(range(40, 45)))  # takes the slot that holds nothing
+    turn2 = (*turn1, 7, 7, 100, 101)  # the whole history, the last answer, a new message
+    assert _finish_alone(s, "turn2", turn2) == len(turn2) - 21
+    assert s.finished[-1].num_cached == 21
+
+
+def test_a_prompt_held_whole_still_computes_its_last_token() -> None:
+    s = make(budget=64, max_seqs=1)
+    prompt = tuple(range(1, 12))
+    _finish_alone(s, "first", prompt, max_tokens=1)  # stops at once: the slot holds the prompt alone
+    assert _finish_alone(s, "again", prompt, max_tokens=1) == 1  # the last token's logits are needed
+
+
+def test_an_unmatched_prompt_takes_the_slot_freed_longest_ago() -> None:
+    pool = SlotPool(3)
+    taken = [pool.take()[0] for _ in range(3)]
+    for slot, held in zip(taken, ([1, 2, 3], [4, 5, 6], [7, 8, 9])):
+        pool.give(slot, held)
+    assert pool.take([4, 5, 6, 10]) == (taken[1], 3)  # the longest shared prefix wins
+    assert pool.take([20, 21]) == (taken[0], 0)  # no match: the slot freed first
+    assert pool.take([7, 8]) == (taken[2], 1)  # one token at least is left to compute
+
+
+def test_a_sequence_that_failed_leaves_nothing_to_reuse() -> None:
+    s = make(budget=64, max_seqs=1)
+    prompt = tuple(range(1, 9))
+    s.submit(Submit("broken", prompt, max_tokens=4))
+    run_step(s)
+    s.finish(s.running[0], "error", error="the candidate failed")
+    assert _finish_alone(s, "retry", prompt) == len(prompt)
