@@ -2,9 +2,15 @@
 
 Request i is sent at its trace time (relative to the first request) divided by `speedup`, streamed,
 with the trace's prompt length (token ids taken from real text, cut to the server's context) and
-its output length as `max_tokens`. Reported: TTFT, TPOT (mean time per output token after the
-first), ITL (gaps between streamed chunks) and end-to-end latency at p50/p90/p99, throughput, and
-goodput: requests per second that met both the TTFT and the TPOT SLO (DistServe's definition).
+its output length as `max_tokens`. A trace with prefix block hashes (Mooncake's `hash_ids`, 512-token blocks)
+gets prompts built block by block, each hash always the same 512 tokens: reuse in the trace is reuse in the
+replay. Reported: TTFT, TPOT (mean time per output token after the
+first), ITL (gaps between streamed chunks) and end-to-end latency at p50/p90/p99, throughput,
+goodput (requests per second that met both the TTFT and the TPOT SLO, DistServe's definition), and the prompt
+tokens the server computed against those it was sent (its prefix reuse, from its /metrics).
+
+Progress is logged every 10 seconds; an interrupted replay (Ctrl-C) still writes its record, of the requests
+that finished, marked `interrupted`.
 """
 
 from __future__ import annotations
@@ -20,9 +26,13 @@ import numpy as np
 
 from athanor.bench.record import provenance
 from athanor.errors import AthanorError, ConfigError
+from athanor.traffic.formats import MOONCAKE_BLOCK_TOKENS as BLOCK_TOKENS
 from athanor.traffic.parsers import read_columns
 
 log = logging.getLogger(__name__)
+
+PROGRESS_S = 10.0
+"""Seconds between progress lines."""
 
 
 @dataclass(frozen=True)
@@ -106,18 +116,63 @@ async def _one(client: Any, model: str, prompt: list[int], max_tokens: int, samp
         sample.error = f"{type(e).__name__}: {e}"[:300]
 
 
-async def _replay(options: BenchOptions) -> tuple[list[Sample], float, str]:
+def block_prompt(pool: list[int], hashes: list[int], n: int) -> list[int]:
+    """n prompt tokens built from prefix block hashes: block h is always the same BLOCK_TOKENS tokens of `pool`
+    (from an offset the hash picks), so requests that share leading hashes share leading tokens."""
+    out: list[int] = []
+    span = max(1, len(pool) - BLOCK_TOKENS)
+    for h in hashes:
+        if len(out) >= n:
+            break
+        offset = (h * 2654435761) % span  # Knuth's multiplicative hash: neighbouring ids land far apart
+        out += pool[offset:offset + BLOCK_TOKENS]
+    while len(out) < n:  # a trace whose blocks do not cover its prompt: the rest from the pool's start
+        out += pool[:n - len(out)]
+    return out[:n]
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return float("nan")
+
+
+async def _server_tokens(url: str) -> tuple[float, float]:
+    """(prompt tokens, prompt tokens computed by prefill) the server counted so far; NaN where it does not say."""
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+            text = (await http.get("/metrics")).text
+    except httpx.HTTPError:
+        return float("nan"), float("nan")
+    return _metric(text, "athanor_prompt_tokens_total"), _metric(text, "athanor_prefill_tokens_total")
+
+
+async def _progress(samples: list[Sample], start: float) -> None:
+    while True:
+        await asyncio.sleep(PROGRESS_S)
+        done = [s for s in samples if s.ok or s.error]
+        out = sum(s.output_tokens for s in done if s.ok)
+        log.info("bench serve: %d of %d requests done, %d failed, %.1f output tokens/s so far", len(done),
+                 len(samples), sum(1 for s in done if s.error), out / (time.perf_counter() - start))
+
+
+async def _replay(options: BenchOptions, samples: list[Sample]) -> tuple[float, str]:
     from openai import AsyncOpenAI
 
     async with httpx.AsyncClient(base_url=options.url, timeout=30) as http:
-        models = (await http.get("/v1/models")).json()["data"]
+        try:
+            models = (await http.get("/v1/models")).json()["data"]
+        except httpx.HTTPError as e:
+            raise ConfigError(f"--url {options.url}: no server answers there ({type(e).__name__}); start "
+                              "`athanor serve` first") from None
     model = options.model or models[0]["id"]
     context = int(models[0].get("max_model_len", 2048))
     trace = read_columns(options.trace, skip_bad=True)
     n = min(options.max_requests, len(trace))
     times = trace.timestamp_s[:n] - trace.timestamp_s[0]
-    pool = _token_pool(model, context)
-    samples: list[Sample] = []
+    pool = _token_pool(model, context + BLOCK_TOKENS)
+    hashes = trace.hash_ids
     client = AsyncOpenAI(base_url=f"{options.url}/v1", api_key="unused", timeout=600, max_retries=0)
     gate = asyncio.Semaphore(options.concurrency)
     start = time.perf_counter()
@@ -132,18 +187,35 @@ async def _replay(options: BenchOptions) -> tuple[list[Sample], float, str]:
         samples.append(sample)
         await asyncio.sleep(max(0.0, float(times[i]) / options.speedup - (time.perf_counter() - start)))
         async with gate:
-            offset = (i * 7919) % max(1, len(pool) - n_in)
-            await _one(client, model, pool[offset:offset + n_in], n_out, sample)
+            if hashes and hashes[i]:
+                prompt = block_prompt(pool, hashes[i], n_in)
+            else:
+                offset = (i * 7919) % max(1, len(pool) - n_in)
+                prompt = pool[offset:offset + n_in]
+            await _one(client, model, prompt, n_out, sample)
 
-    await asyncio.gather(*(launch(i) for i in range(n)))
-    return samples, time.perf_counter() - start, model
+    progress = asyncio.create_task(_progress(samples, start))
+    try:
+        await asyncio.gather(*(launch(i) for i in range(n)))
+    finally:
+        progress.cancel()
+    return time.perf_counter() - start, model
 
 
 def bench_serve(options: BenchOptions) -> dict[str, Any]:
     """Replay and summarise; the JSON record (with per-request samples)."""
     if options.speedup <= 0 or options.max_requests < 1:
         raise ConfigError("--speedup must be > 0 and --max-requests >= 1")
-    samples, duration, model = asyncio.run(_replay(options))
+    samples: list[Sample] = []
+    before = asyncio.run(_server_tokens(options.url))
+    start = time.perf_counter()
+    interrupted = False
+    try:
+        duration, model = asyncio.run(_replay(options, samples))
+    except KeyboardInterrupt:  # the record of what finished is still worth writing
+        interrupted, duration, model = True, time.perf_counter() - start, options.model
+        samples = [s for s in samples if s.ok or s.error]
+    after = asyncio.run(_server_tokens(options.url))
     ok = [s for s in samples if s.ok]
     good = [s for s in ok if s.ttft_s <= options.slo_ttft_s and (s.output_tokens <= 1 or s.tpot_s <= options.slo_tpot_s)]
     out_tokens = sum(s.output_tokens for s in ok)
@@ -154,6 +226,8 @@ def bench_serve(options: BenchOptions) -> dict[str, Any]:
         "slo": {"ttft_s": options.slo_ttft_s, "tpot_s": options.slo_tpot_s},
         "ttft_s": _percentiles([s.ttft_s for s in ok]), "tpot_s": _percentiles([s.tpot_s for s in ok]),
         "itl_s": _percentiles([x for s in ok for x in s.itl_s]), "e2e_s": _percentiles([s.e2e_s for s in ok]),
+        "server_prompt_tokens": after[0] - before[0], "server_prefill_tokens": after[1] - before[1],
+        "interrupted": interrupted,
     }
     errors = sorted({s.error for s in samples if not s.ok})[:5]
     # The provenance is the client's: the record is made where the replay ran.

@@ -116,6 +116,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     from athanor.bench.record import write_record, written
     from athanor.bench.serve import BenchOptions, bench_serve
 
+    logging.getLogger("athanor.bench").setLevel(logging.INFO)  # the progress lines
     record = bench_serve(BenchOptions(
         url=args.url, trace=args.trace, speedup=args.speedup, max_requests=args.max_requests, model=args.model,
         max_input=args.max_input, max_output=args.max_output, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot,
@@ -124,5 +125,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     s = record["summary"]
     print(f"{s['completed']}/{s['requests']} ok, {s['output_tokens_per_s']:.1f} tok/s, "
           f"TTFT p50 {s['ttft_s']['p50']:.3f}s, TPOT p50 {s['tpot_s']['p50']:.4f}s, "
-          f"goodput {s['goodput_requests_per_s']:.2f} req/s" + written(out))
+          f"goodput {s['goodput_requests_per_s']:.2f} req/s, prompt tokens computed by the server "
+          f"{s['server_prefill_tokens']:.0f} of {s['server_prompt_tokens']:.0f}"
+          + (" (interrupted: the requests that finished)" if s["interrupted"] else "") + written(out))
     return 0 if s["failed"] == 0 else 1

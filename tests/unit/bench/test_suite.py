@@ -19,8 +19,8 @@ PROVENANCE = ("date", "git_commit", "device", "device_name", "gpu", "python", "t
 def test_every_benchmark_is_a_sub_command_of_bench() -> None:
     bench = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["bench"]
     names = set(bench.get_default("bench_subparsers").choices)
-    assert names == {"decode", "swap", "serve", "serve-stream", "serve-batching", "evaluate", "compile", "reference",
-                     "tiers"}
+    assert names == {"decode", "prefill", "swap", "serve", "serve-stream", "serve-batching", "evaluate", "compile",
+                     "reference", "tiers"}
 
 
 def test_a_record_carries_its_provenance_and_is_written_only_when_asked(tmp_path: Path,
@@ -56,6 +56,7 @@ def test_bench_swap_runs_end_to_end_on_a_tiny_preset(tmp_path: Path, capsys: pyt
     (["serve-stream", "--max-tokens", "1"], "--max-tokens at least 2"),
     (["serve-batching", "--concurrency", "1"], "--concurrency must be at least 2"),
     (["reference", "--steps", "0"], "--steps, --prompt-len and --repeats must be at least 1"),
+    (["prefill", "--tokens", "0"], "--tokens, --chunk and --repeats must be at least 1"),
 ])
 def test_bad_flags_are_one_line_errors(argv: list[str], said: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", *argv, "--model", "tiny-dense"]) == 2
@@ -70,3 +71,33 @@ def test_the_reference_benchmark_names_the_extra_it_needs(monkeypatch: pytest.Mo
     assert main(["bench", "reference", "--model", "tiny-dense"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pip install -e '.[test]'" in err[0]
+
+
+def test_bench_prefill_times_a_chunked_prompt_on_a_tiny_preset(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "prefill.json"
+    assert main(["bench", "prefill", "--model", "tiny-dense", "--device", "cpu", "--tokens", "40,70", "--chunk",
+                 "32", "--repeats", "1", "--candidate", "reference", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert len(printed) == 2 and "prompt 70 (chunks of 32): TTFT" in printed[1]
+    runs = json.loads(out.read_text())["cells"][0]["runs"]
+    assert [r["tokens"] for r in runs] == [40, 70] and all(r["ttft_s"] > 0 and r["flops"] > 0 for r in runs)
+
+
+def test_bench_serve_against_no_server_is_a_one_line_error(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [0]}\n')
+    assert main(["bench", "serve", "--url", "http://127.0.0.1:9", "--trace", str(trace)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--url http://127.0.0.1:9: no server answers there" in err[0], err
+
+
+def test_prompts_from_block_hashes_share_exactly_their_shared_blocks() -> None:
+    from athanor.bench.serve import BLOCK_TOKENS, block_prompt
+
+    pool = list(range(5000))
+    a = block_prompt(pool, [0, 1, 2], 3 * BLOCK_TOKENS)
+    b = block_prompt(pool, [0, 1, 7], 3 * BLOCK_TOKENS - 100)
+    assert a[:2 * BLOCK_TOKENS] == b[:2 * BLOCK_TOKENS] and a[2 * BLOCK_TOKENS] != b[2 * BLOCK_TOKENS]
+    assert len(b) == 3 * BLOCK_TOKENS - 100 and block_prompt(pool, [0, 1, 2], 3 * BLOCK_TOKENS) == a
