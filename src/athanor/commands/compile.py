@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import re
 from pathlib import Path
+from typing import Any
 
 from athanor.errors import ConfigError
 
@@ -22,14 +23,20 @@ def parse_duration(text: str, flag: str = "--budget") -> float:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compile", help="search for a faster verified forward pass (the main job)")
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--traffic", default="preset:chat", help="a trace file or preset:chat|code|agent")
-    p.add_argument("--budget", default="3m", help="wall-clock budget, e.g. 180s, 3m, 1h")
-    p.add_argument("--agents", default="variant", help="comma-separated: variant, llm, cli")
+    # Flags a run records default to None, so `--resume` can tell the ones given (checked against the run's) from
+    # the ones left out (taken from the run).
+    p.add_argument("--model", default=None, help=f"default: {COMPILE_DEFAULTS['model']}")
+    p.add_argument("--traffic", default=None, help="a trace file or preset:chat|code|agent (default: "
+                                                   f"{COMPILE_DEFAULTS['traffic']})")
+    p.add_argument("--budget", default=None, help=f"wall-clock budget, e.g. 180s, 3m, 1h (default: "
+                                                  f"{COMPILE_DEFAULTS['budget']})")
+    p.add_argument("--agents", default=None, help=f"comma-separated: variant, llm, cli (default: "
+                                                  f"{COMPILE_DEFAULTS['agents']})")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     p.add_argument("--dtype", default="", help="float32, bfloat16 (default: fp32 on CPU, bf16 on CUDA)")
     p.add_argument("--out", default="runs/latest", help="run directory (store, winner/, report.md, report.json)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out, with its model, traffic, "
+                                                          "budget, agents, seed and device")
     p.add_argument("--incumbent", default=None, metavar="DIR",
                    help="a candidate directory to beat (e.g. what a server deploys): every candidate is timed "
                         "against it, the reference forward competes too (default: time against the reference)")
@@ -37,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quality-budget", default="", metavar="kl=NUMBER,ppl=NUMBER",
                    help="quality mode: also search lossy moves (bf16 weights) and admit candidates within this "
                         "mean KL divergence and relative perplexity increase, e.g. kl=0.01,ppl=0.02")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None, help="default: 0")
     p.add_argument("--max-seqs", type=int, default=0, help="engine slots (0: device default)")
     p.add_argument("--max-seq-len", type=int, default=0, help="longest context held (0: device default)")
     g = p.add_argument_group("LLM coder (--agents llm)")
@@ -64,6 +71,54 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.set_defaults(func=cmd_watch)
 
 
+COMPILE_DEFAULTS: dict[str, Any] = {"model": "smollm2-135m", "traffic": "preset:chat", "budget": "3m",
+                                    "agents": "variant", "seed": 0}
+"""What `compile` runs with where a flag is left out (and the run in --out does not say otherwise)."""
+
+
+def settle_run_flags(args: argparse.Namespace) -> None:
+    """Fill the flags a run records: on `--resume` from the run in --out (a given flag that disagrees with it is
+    refused in one line), otherwise from `COMPILE_DEFAULTS`. Nothing is created here."""
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {args.out}: is a file; name a directory for the run")
+    if not args.resume:
+        for name, value in COMPILE_DEFAULTS.items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
+        return
+    run = stored_run(out)
+    was = {"model": run.model, "traffic": run.traffic, "budget": run.config.get("budget_s"),
+           "agents": ",".join(run.config.get("agents", ())) or None, "seed": run.config.get("seed"),
+           "device": run.device}
+    for name, stored in was.items():
+        given = getattr(args, name)
+        if stored is None:  # a run from before this field was recorded
+            setattr(args, name, given if given is not None else COMPILE_DEFAULTS.get(name))
+            continue
+        same = given is None or (parse_duration(given) == stored if name == "budget" else
+                                 str(given).split(":")[0] == str(stored) if name == "device" else given == stored)
+        if not same:
+            shown = f"{stored:g}s" if name == "budget" else stored
+            raise ConfigError(f"--{name} {given}: run {run.id} in {args.out} was compiled with --{name} {shown}; "
+                              f"resume without --{name} (it takes the run's) or choose another --out")
+        setattr(args, name, f"{stored}s" if name == "budget" else stored)
+
+
+def stored_run(out: Path) -> Any:
+    """The newest run in the run directory `out` (a one-line error where there is none, creating nothing)."""
+    from athanor.store import open_store
+    from athanor.store.connect import DEFAULT_FILENAME
+
+    if not (out / DEFAULT_FILENAME).is_file():
+        raise ConfigError(f"--resume: {out} holds no run to resume; drop --resume to start one")
+    with open_store(out) as store:
+        runs = store.runs(limit=1)
+    if not runs:
+        raise ConfigError(f"--resume: {out} holds no run to resume; drop --resume to start one")
+    return runs[0]
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     import dataclasses
 
@@ -75,6 +130,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from athanor.loop import CompileConfig, compile_session
     from athanor.model.device import resolve_device
 
+    settle_run_flags(args)
     console = Console(highlight=False)
     device = resolve_device(args.device)
     llm = {k: v for k, v in {"base_url": args.llm_base_url, "model": args.llm_model,
