@@ -22,13 +22,17 @@ CPU_STEP_TOKENS = 256
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API, with canary deploys")
-    p.add_argument("--model", default="smollm2-135m", help="name, preset, HF directory or .gguf file")
+    # vLLM's spelling first (`serve MODEL`, --max-model-len), athanor's kept as aliases.
+    p.add_argument("model_arg", nargs="?", default=None, metavar="MODEL",
+                   help="name, preset, HF directory or .gguf file (default: smollm2-135m; also --model)")
+    p.add_argument("--model", default=None, help=argparse.SUPPRESS)
     p.add_argument("--candidate", default="", help="a candidate directory (candidate.py + manifest.json) to serve")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default="", help="the model name clients pass (default: --model)")
     p.add_argument("--admin-token-file", default="", help="file holding the admin API's bearer token "
                                                           "(without it the admin API is off)")
+    p.add_argument("--api-key", default="", help="a bearer key every /v1 request must send (default: none)")
     p.add_argument("--log", default="", help="request log to append to (JSONL, the 'athanor' trace format)")
     p.add_argument("--log-prompts", action="store_true", help="also log prompt text (off: lengths and hashes only)")
     p.add_argument("--store", default="", help="experiment store (path or URL) recording deployments")
@@ -36,7 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="", help="float32, bfloat16, ... (default: bfloat16 on CUDA, as stored on "
                                                "the CPU)")
     p.add_argument("--max-seqs", type=int, default=8, help="sequences served at once (KV slots per candidate)")
-    p.add_argument("--max-seq-len", type=int, default=2048, help="context length (prompt + output tokens)")
+    p.add_argument("--max-model-len", "--max-seq-len", dest="max_seq_len", type=int, default=2048,
+                   help="context length (prompt + output tokens)")
     p.add_argument("--max-num-batched-tokens", type=int, default=0, help="token budget of one step (default: "
                    f"{GPU_STEP_TOKENS} on CUDA, {CPU_STEP_TOKENS} on the CPU)")
     p.add_argument("--max-queue", type=int, default=256, help="waiting requests before answering 429")
@@ -50,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _register_bench(bench_sub: argparse._SubParsersAction) -> None:
     b = bench_sub.add_parser("serve", help="replay a trace against a running server with the openai client")
-    b.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000")
+    b.add_argument("--base-url", "--url", dest="url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000")
     b.add_argument("--trace", required=True, help="a trace file (any format `athanor traffic` reads)")
     b.add_argument("--speedup", type=float, default=1.0, help="replay this many times faster than recorded")
     b.add_argument("--max-requests", type=int, default=100, help="replay at most this many requests")
@@ -62,6 +67,26 @@ def _register_bench(bench_sub: argparse._SubParsersAction) -> None:
     b.add_argument("--concurrency", type=int, default=64, help="requests in flight at most")
     b.add_argument("--json", default="", help="where to write the record (default: print only)")
     b.set_defaults(func=cmd_bench_serve)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """A one-line error where `host:port` cannot be listened on (in use, or not an address of this machine)."""
+    import socket
+
+    from athanor.errors import ConfigError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise ConfigError(f"--host {host}: not an address here ({e.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
+        try:
+            sock.bind(address)
+        except OSError as e:
+            raise ConfigError(f"--port {port}: cannot listen on {host}:{port} ({e.strerror}); choose another "
+                              "--port") from None
 
 
 def read_admin_token(path: str) -> str:
@@ -86,6 +111,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from athanor.serve.app import ServeOptions, run_server
     from athanor.serve.config import SchedulerConfig
 
+    if args.model_arg and args.model and args.model_arg != args.model:
+        raise ConfigError(f"serve {args.model_arg} --model {args.model}: name the model once")
+    args.model = args.model_arg or args.model or "smollm2-135m"
     device = resolve_device(args.device)
     # A GPU serves in bf16 unless told otherwise: what vLLM's "auto" does for a float32 checkpoint too, and what
     # every random preset is benchmarked in.
@@ -98,10 +126,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           f"({args.max_seqs}), so every running sequence can decode in one step")
     if args.candidate:
         load_candidate_dir(args.candidate)  # a bad directory is the user's mistake: say so before starting
+    check_port_free(args.host, args.port)  # before the model loads, not after
     options = ServeOptions(
         model=args.model, candidate_dir=args.candidate, served_model_name=args.served_model_name, device=str(device),
         dtype=dtype, max_seqs=args.max_seqs, max_seq_len=args.max_seq_len, threads=args.threads,
-        sandbox=not args.no_sandbox, admin_token=read_admin_token(args.admin_token_file), log_path=args.log,
+        sandbox=not args.no_sandbox, admin_token=read_admin_token(args.admin_token_file), api_key=args.api_key,
+        log_path=args.log,
         log_prompts=args.log_prompts, store=args.store,
         scheduler=SchedulerConfig(max_num_batched_tokens=step_tokens, max_queue=args.max_queue))
     logging.getLogger("athanor").setLevel(logging.INFO)

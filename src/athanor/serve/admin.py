@@ -128,6 +128,14 @@ def current_candidate(active_id: str, candidate_dir: str) -> dict[str, Any]:
     return {"object": "candidate", "candidate_id": active_id, "candidate_dir": directory}
 
 
+def check_key(expected: str, authorization: str | None) -> None:
+    """An APIError unless `authorization` is `Bearer <expected>`, the server's --api-key (constant time)."""
+    scheme, _, key = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), expected.encode()):
+        raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
+                       type="authentication_error", code="invalid_api_key")
+
+
 def check_token(expected: str, authorization: str | None) -> None:
     """An APIError unless `authorization` is `Bearer <expected>` (compared in constant time)."""
     if not expected:

@@ -26,7 +26,7 @@ from athanor.engine.candidate_dir import load_candidate_dir
 from athanor.engine.config import EngineConfig, SandboxConfig
 from athanor.errors import AthanorError
 from athanor.serve import api
-from athanor.serve.admin import DeploymentBook, DeploymentRecorder, check_token, current_candidate
+from athanor.serve.admin import DeploymentBook, DeploymentRecorder, check_key, check_token, current_candidate
 from athanor.serve.api import APIError
 from athanor.serve.config import CanaryConfig, SchedulerConfig, WorkerConfig
 from athanor.serve.frontend import WorkerHandle
@@ -59,6 +59,8 @@ class ServeOptions:
     sandbox: bool = True
     """Run candidate code in the engine's sandbox (no network, confined writes)."""
     admin_token: str = ""
+    api_key: str = ""
+    """Bearer key every /v1 request must carry (empty: none)."""
     """Bearer token of the admin API; empty disables it."""
     log_path: str = ""
     """Request log (JSONL, `athanor` format); empty: none."""
@@ -221,10 +223,35 @@ def create_app(options: ServeOptions, state: ServerState | None = None) -> FastA
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    model_card = {"id": options.name, "object": "model", "created": 0, "owned_by": "athanor",
+                  "max_model_len": options.max_seq_len}
+
+    @app.middleware("http")
+    async def api_key(request: Request, call_next: Any) -> Response:
+        # vLLM's --api-key: every /v1 route wants it; health, metrics, version and the admin API (its own token) not.
+        if options.api_key and request.url.path.startswith("/v1"):
+            try:
+                check_key(options.api_key, request.headers.get("authorization"))
+            except APIError as e:
+                return JSONResponse(e.body(), status_code=e.status)
+        return await call_next(request)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        from athanor import __version__
+
+        return {"version": __version__}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": options.name, "object": "model", "created": 0,
-                                            "owned_by": "athanor", "max_model_len": options.max_seq_len}]}
+        return {"object": "list", "data": [model_card]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        if model_id != options.name:
+            raise APIError(404, f"the model {model_id!r} does not exist; this server serves {options.name!r}",
+                           param="model", code="model_not_found")
+        return model_card
 
     def params(req: api._Request, prompt_ids: list[int], max_tokens: int | None) -> GenerationParams:
         if req.model != options.name:
