@@ -10,7 +10,9 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from athanor import __version__
@@ -42,6 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so a command ends as on Ctrl-C: its engine workers stopped, its
+    temporary directories removed, what finished kept (the default action would kill this process alone)."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -49,17 +60,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    on_main_thread = threading.current_thread() is threading.main_thread()  # only there may handlers be set
+    previous = signal.signal(signal.SIGTERM, _terminate) if on_main_thread else None
     try:
         return int(args.func(args) or 0)
     except AthanorError as e:
         print(f"athanor: error: {e}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("athanor: terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("athanor: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader went away (`athanor ... | head`): stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    finally:
+        if on_main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -95,13 +95,13 @@ class Evaluator:
     def engines(self, tier: str) -> TierEngines:
         if tier not in self._engines:
             engines = TierEngines(self.config, self.num_layers(tier))
-            engines.start()
-            if self.config.device.startswith("cuda"):
-                try:
+            try:
+                engines.start()
+                if self.config.device.startswith("cuda"):
                     self.warm(engines)
-                except BaseException:  # a broken incumbent or reference: stop the workers just started
-                    engines.close()
-                    raise
+            except BaseException:  # a broken incumbent or reference, or an interrupt: stop what was started
+                engines.close()
+                raise
             self._engines[tier] = engines
         return self._engines[tier]
 

@@ -79,7 +79,13 @@ def write_report(session: Session, elapsed_s: float, interrupted: bool) -> dict[
     winner_dir = out / "winner"
     if winner_id is None:
         shutil.rmtree(winner_dir, ignore_errors=True)
-        summary["reason"] = f"no candidate was confirmed faster than {against} on the slow tier"
+        screened, judged = per_tier.get("fast", 0), per_tier.get("slow", 0)
+        if interrupted:  # say what was judged: an interrupt drops the evaluation in progress
+            summary["reason"] = (f"interrupted after {screened} candidate(s) screened on the fast tier and {judged} "
+                                 f"judged on the slow tier, none of them confirmed faster than {against}; the "
+                                 "evaluation in progress was dropped (--resume continues the run)")
+        else:
+            summary["reason"] = f"no candidate was confirmed faster than {against} on the slow tier"
     else:
         verdict = session.slow_verdicts[winner_id]
         cand = session.sources[winner_id]
