@@ -1,4 +1,5 @@
-"""`athanor candidate new`: write the baseline candidate out as an editable file."""
+"""`athanor candidate new` writes the baseline candidate out as an editable file; `athanor candidate pack` turns
+such a file into the directory `athanor serve --candidate` and a deploy take (candidate.py + manifest.json)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     p.set_defaults(func=cmd_new)
 
+    k = cand_sub.add_parser("pack", help="make a candidate file a deployable directory (serve --candidate DIR)")
+    k.add_argument("file", help="the candidate file (e.g. from `athanor candidate new`)")
+    k.add_argument("-o", "--output", required=True, help="the directory to write")
+    k.add_argument("--description", default="", help="what the candidate does (default: the file's name)")
+    k.add_argument("--force", action="store_true", help="overwrite a candidate already in the directory")
+    k.set_defaults(func=cmd_pack)
+
 
 def cmd_new(args: argparse.Namespace) -> int:
     from athanor.engine.candidate import reference_source
@@ -32,8 +40,36 @@ def cmd_new(args: argparse.Namespace) -> int:
                   else "MoE: decode is not graph-safe (graph_safe = False)")
     header = (f"# athanor candidate: the reference forward, for --model {args.model} (family: {family}).\n"
               f"# Edit freely: the engine calls build(model, ctx) and uses .prefill, .decode, .graph_safe;\n"
-              f"# {graph_note}. Evaluate it with the engine (athanor.engine.Supervisor.swap).\n\n")
+              f"# {graph_note}.\n"
+              f"# Judge it:  athanor evaluate {out.name} --model {args.model}\n"
+              f"# Serve it:  athanor candidate pack {out.name} -o DIR, then athanor serve {args.model} --candidate DIR\n"
+              f"#            (or deploy DIR to a running server: POST /admin/deploy, see the README).\n\n")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(header + reference_source())
     print(f"wrote {out}")
+    return 0
+
+
+def cmd_pack(args: argparse.Namespace) -> int:
+    from athanor.engine.candidate import Candidate
+    from athanor.engine.candidate_dir import SOURCE_NAME, write_candidate_dir
+    from athanor.errors import ConfigError
+
+    path, out = Path(args.file), Path(args.output)
+    if not path.is_file():
+        raise ConfigError(f"{args.file}: no such candidate file (give a .py defining build(model, ctx))")
+    source = path.read_text()
+    try:
+        compile(source, str(path), "exec")
+    except SyntaxError as e:
+        raise ConfigError(f"{path}:{e.lineno}: {e.msg}; fix the candidate before packing it") from None
+    if "def build" not in source:
+        raise ConfigError(f"{path}: defines no build(model, ctx); a candidate's entry point is build")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"-o {out}: is a file; name a directory")
+    if (out / SOURCE_NAME).exists() and not args.force:
+        raise ConfigError(f"-o {out}: already holds a candidate; pass --force to overwrite it")
+    candidate = Candidate.from_source(source, author="user", description=args.description or path.name)
+    write_candidate_dir(candidate, out)
+    print(f"wrote {out} (candidate {candidate.id}); serve it: athanor serve MODEL --candidate {out}")
     return 0
