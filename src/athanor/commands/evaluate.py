@@ -79,22 +79,61 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     config = dataclasses.replace(sized, device=args.device, tier=args.tier, margin=args.margin, seed=args.seed,
                                  decode_pairs=args.pairs or sized.decode_pairs)
     verdict = evaluate_candidate(Candidate.from_file(path), config, incumbent)
-    print(render(verdict.to_dict()))
+    explained = explain(verdict.to_dict(), args.margin, args.traffic)
+    print(render(explained))
     if args.json:
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(verdict.to_dict(), indent=1) + "\n")
+        out.write_text(json.dumps(explained, indent=1) + "\n")
     if verdict.status == "error":
         return 2
     return 0 if verdict.accepted else 1
 
 
+def explain(v: dict[str, Any], margin: float, traffic: str) -> dict[str, Any]:
+    """The verdict's fields, with what a reader needs to judge it: the bar the speedup had to clear and what it is
+    made of (`timing.bar`), and the traffic its shapes came from."""
+    from athanor.evaluate.timing import Speedup, bar
+
+    tiers = v.get("tiers") or []
+    noise = tiers[-1]["noise"] if tiers else {}
+    aa = Speedup(noise.get("median") or 1.0, noise.get("ci_low") or 1.0, noise.get("ci_high") or 1.0,
+                 noise.get("num_pairs") or 0)
+    threshold = bar(aa, margin)
+    return {**v, "traffic": traffic, "bar": {"threshold": threshold, "margin": margin,
+                                             "aa_bias": threshold - 1.0 - margin}}
+
+
+def _known(x: Any) -> float | None:
+    """A figure of the verdict's JSON, or None where it was not measured (None or NaN)."""
+    return None if x is None or x != x else float(x)
+
+
 def render(v: dict[str, Any]) -> str:
+    """The verdict in one screen: what was decided where, the speedup against the bar it had to clear (and the noise
+    floor in it), the correctness evidence, and the traffic and shapes timed."""
     head = "ACCEPTED" if v["accepted"] else ("ERROR" if v["status"] == "error" else "REJECTED")
     lines = [f"{head} at {v['stage']}: {v['reason']}"]
     s = v["speedup"]
     if s.get("median") is not None:
-        lines.append(f"  speedup x{s['median']:.3f}  95% CI [{s['ci_low']:.3f}, {s['ci_high']:.3f}]")
+        lines.append(f"  speedup x{s['median']:.3f}  95% CI [{s['ci_low']:.3f}, {s['ci_high']:.3f}] over "
+                     f"{s.get('num_pairs', 0)} timed pairs")
+        if "bar" in v:
+            b = v["bar"]
+            lines.append(f"  the bar: the interval's lower bound must clear {b['threshold']:.3f} = 1 + margin "
+                         f"{b['margin']:.3f} + the A/A bias {b['aa_bias']:.3f} (the noise floor: the incumbent timed "
+                         "against its own twin)")
+    for tier in v["tiers"]:
+        err, agree, kl, ppl = (_known(tier.get(k)) for k in ("max_abs_err", "greedy_agreement", "kl", "ppl_change"))
+        checks = [f"max |logit error| {err:.2g}" if err is not None else "",
+                  f"greedy tokens agree {100 * agree:.1f}%" if agree is not None else "",
+                  f"KL {kl:.3g}" if kl is not None else "", f"perplexity {100 * ppl:+.2f}%" if ppl is not None else ""]
+        if any(checks):
+            lines.append(f"  correct ({tier['tier']} tier, against the trusted reference): "
+                         + ", ".join(c for c in checks if c))
+    if "traffic" in v:
+        lines.append(f"  timed on {v['model']} ({v['device']}) for traffic {v['traffic']}: the shapes below, each "
+                     "weighted by its share of the traffic's cost")
     if v.get("gpu_s_per_1k_requests") is not None:
         lines.append(f"  projected device-s / 1k requests: {v['gpu_s_per_1k_requests']:.2f} "
                      f"(incumbent {v['incumbent_gpu_s_per_1k_requests']:.2f})")
