@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 from athanor import __version__
 from athanor.errors import AthanorError
@@ -23,6 +24,12 @@ COMMAND_MODULES = ("model", "traffic", "engine", "evaluate", "compile", "bench",
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if " " in self.prog:  # a sub-command's parser: -v may come after the command too (absent: the top's stays)
+            self.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                              help="log progress at INFO level")
+
     def error(self, message: str) -> None:  # type: ignore[override]
         # argparse's own usage errors: one line, exit 2 (its default prints the whole usage).
         self.exit(2, f"{self.prog}: error: {message}\n")

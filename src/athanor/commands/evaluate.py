@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="verify and time a candidate against an incumbent (the reference by default)")
     p.add_argument("candidate", help="the candidate's Python source (defines build(model, ctx))")
     p.add_argument("--model", default="smollm2-135m", help="name, preset, HF directory or .gguf file")
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: CUDA when present, else cpu)")
     p.add_argument("--dtype", default="", help="float32, bfloat16, ... (default: as stored)")
     p.add_argument("--incumbent", default="", help="the incumbent's source (default: the reference forward)")
     p.add_argument("--tier", choices=("fast", "slow", "both"), default="fast")
@@ -66,6 +66,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
         if not isinstance(getattr(torch, args.dtype, None), torch.dtype):
             raise ConfigError(f"--dtype {args.dtype}: not a torch dtype (float32, bfloat16, float16)")
+    from athanor.model.device import resolve_device
+
+    args.device = str(resolve_device(args.device))  # a one-line error for a device this machine lacks
     incumbent = baseline_candidate()
     if args.incumbent:
         if not Path(args.incumbent).is_file():

@@ -111,8 +111,16 @@ def test_prompt_longer_than_the_context(smollm2, cli) -> None:
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU")
-def test_device_cuda_without_a_gpu(cli) -> None:
+def test_device_cuda_without_a_gpu(cli, tmp_path: Path) -> None:
     assert_one_line_error(cli("generate", "--device", "cuda"), "--device cuda", "no CUDA device")
+    assert cli("candidate", "new", "-o", str(tmp_path / "c.py")).returncode == 0
+    for args in (("evaluate", str(tmp_path / "c.py"), "--model", "tiny-dense"), ("serve",),
+                 ("bench", "decode", "--model", "tiny-dense"), ("bench", "prefill", "--model", "tiny-dense")):
+        assert_one_line_error(cli(*args, "--device", "cuda"), "--device cuda", "no CUDA device")
+
+
+def test_verbose_may_follow_the_command(cli) -> None:
+    assert cli("traffic", "profile", "preset:chat", "-v").returncode == 0
 
 
 def test_bad_flags(cli) -> None:
