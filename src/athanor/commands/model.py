@@ -8,11 +8,14 @@ import time
 
 from athanor.errors import ConfigError
 
+DEFAULT_PROMPT = "What is the capital of France?"
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate text with a model and its reference forward")
     p.add_argument("--model", default="smollm2-135m", help="name, preset, HF directory or .gguf file")
-    p.add_argument("--prompt", default="What is the capital of France?")
+    p.add_argument("--prompt", default=None, help="the prompt (default: standard input when it is not a terminal, "
+                                                  f"else {DEFAULT_PROMPT!r})")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
@@ -51,6 +54,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     load_s = time.perf_counter() - start
     if tokenizer is None:
         raise ConfigError(f"--model {args.model}: has no tokenizer, so it cannot generate text")
+    if args.prompt is None:
+        args.prompt = DEFAULT_PROMPT if sys.stdin.isatty() else sys.stdin.read()
+        if not args.prompt.strip():
+            raise ConfigError("--prompt: standard input was empty; pipe a prompt in or pass --prompt TEXT")
     text = args.prompt
     if args.chat:
         text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])

@@ -127,3 +127,12 @@ def test_bad_flags(cli) -> None:
     assert_one_line_error(cli("generate", "--dtype", "int3"), "--dtype int3")
     assert_one_line_error(cli("generate", "--max-new-tokens", "0"), "--max-new-tokens 0")
     assert_one_line_error(cli("generate", "--max-new-tokens", "x"), "--max-new-tokens")
+
+
+def test_generate_reads_its_prompt_from_standard_input(smollm2) -> None:
+    done = subprocess.run([sys.executable, "-m", "athanor", "generate", "--max-new-tokens", "4"],
+                          input="The capital of Italy is", capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "Rome" in done.stdout, done.stderr
+    empty = subprocess.run([sys.executable, "-m", "athanor", "generate"], input="", capture_output=True, text=True,
+                           timeout=300)
+    assert_one_line_error(empty, "--prompt", "standard input was empty")
