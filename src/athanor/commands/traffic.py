@@ -28,7 +28,7 @@ def register(subparsers: Any) -> None:
     drift.add_argument("--skip-bad", action="store_true", help="count and skip malformed rows")
     drift.set_defaults(func=_drift)
     plot = sub.add_parser("plot", help="draw length distributions and request rate over time")
-    plot.add_argument("file", help="trace file")
+    plot.add_argument("file", help="trace file, saved profile .json, or preset:chat|code|agent")
     plot.add_argument("-o", "--output", required=True, help="PNG to write")
     plot.add_argument("--format", choices=FORMATS)
     plot.add_argument("--skip-bad", action="store_true")
@@ -61,7 +61,7 @@ def _profile(args: argparse.Namespace) -> int:
     if not args.file.startswith("preset:") and not args.file.endswith(".json"):
         kwargs = {"format": args.format, "skip_bad": args.skip_bad, "tpot_s": args.tpot_ms / 1000}
     prof = load_profile(args.file, window_s=window_s, **kwargs)
-    print(prof.to_json(indent=None) if args.json else prof.summary())
+    print(prof.to_json(indent=1) if args.json else prof.summary())
     return 0
 
 

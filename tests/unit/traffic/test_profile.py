@@ -62,3 +62,14 @@ def test_plot(traces, tmp_path):
     out = tmp_path / "p.png"
     assert main(["traffic", "plot", str(traces / "azure_llm_2023_conv.csv"), "-o", str(out)]) == 0
     assert out.stat().st_size > 10000
+
+
+def test_plot_takes_what_profile_and_drift_take(tmp_path, capsys):
+    saved = tmp_path / "code.json"
+    assert main(["traffic", "profile", "preset:code", "--json"]) == 0
+    saved.write_text(capsys.readouterr().out)
+    assert saved.read_text().count("\n") > 10  # indented: a person can read it
+    for spec in ("preset:chat", str(saved)):
+        out = tmp_path / "p.png"
+        assert main(["traffic", "plot", spec, "-o", str(out)]) == 0
+        assert out.stat().st_size > 10000
