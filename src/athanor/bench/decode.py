@@ -17,12 +17,13 @@ a cell that fails otherwise is recorded with its error, and the next cell runs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import logging
 import tempfile
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -248,23 +249,33 @@ def bench_decode(model_name: str, batches: Sequence[int], contexts: Sequence[int
         for batch in batches:
             for context in contexts:
                 t = time.perf_counter()
-                try:
-                    cell = decode_cell(model_name, batch, context, candidate, compiled, device, dtype, iters,
-                                       min_time_s, model=model, profile=profile, kernels=kernels, windows=windows)
-                except ConfigError:
-                    raise
-                except Exception as e:  # recorded, and the next cell runs
-                    cell = {"model": model_name, "batch": batch, "context": context, "candidate": candidate,
-                            "compile": compiled, "status": "error", "error": f"{type(e).__name__}: {e}",
-                            "traceback": traceback.format_exc()[-4000:]}
+                cell = guarded_cell(
+                    functools.partial(decode_cell, model_name, batch, context, candidate, compiled, device, dtype,
+                                      iters, min_time_s, model=model, profile=profile, kernels=kernels,
+                                      windows=windows),
+                    {"model": model_name, "batch": batch, "context": context, "candidate": candidate,
+                     "compile": compiled}, device)
                 cell["cell_s"] = time.perf_counter() - t
                 log.info("%s b=%d ctx=%d %s: %s", model_name, batch, context, candidate, cell["status"])
                 cells.append(cell)
-                gc.collect()
-                if torch.device(device).type == "cuda":
-                    torch.cuda.empty_cache()
     record["cells"] = cells
     return record
+
+
+def guarded_cell(make: Callable[[], dict[str, Any]], identity: dict[str, Any], device: str) -> dict[str, Any]:
+    """`make()`'s record or, when it fails otherwise than by the user's mistake (a ConfigError), `identity` with the
+    error: recorded, and the next cell runs. The cell's memory is released either way."""
+    try:
+        cell = make()
+    except ConfigError:
+        raise
+    except Exception as e:
+        cell = {**identity, "status": "error", "error": f"{type(e).__name__}: {e}",
+                "traceback": traceback.format_exc()[-4000:]}
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+    return cell
 
 
 def cell_line(cell: dict[str, Any]) -> str:

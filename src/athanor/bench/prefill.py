@@ -12,17 +12,16 @@ long-context serving papers use; an MoE layer counts its top-k experts per token
 
 from __future__ import annotations
 
-import gc
+import functools
 import statistics
 import tempfile
 import time
-import traceback
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from athanor.bench.decode import candidate_source, load_for_decode, parse_candidates
+from athanor.bench.decode import candidate_source, guarded_cell, load_for_decode, parse_candidates
 from athanor.bench.record import default_device, default_dtype, provenance
 from athanor.errors import ConfigError
 from athanor.model import ModelSpec, PrefillBatch
@@ -110,17 +109,10 @@ def bench_prefill(model_name: str, lengths: Sequence[int], candidates: str = "be
     model, _ = load_for_decode(model_name, device, dtype)
     cells = []
     for candidate, compiled in chosen:
-        try:
-            cell = prefill_cell(model, model_name, lengths, candidate, compiled, device, dtype, chunk, repeats)
-        except ConfigError:
-            raise
-        except Exception as e:  # recorded, and the next candidate runs
-            cell = {"candidate": candidate, "compile": compiled, "status": "error",
-                    "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
-        cells.append(cell)
-        gc.collect()
-        if torch.device(device).type == "cuda":
-            torch.cuda.empty_cache()
+        cells.append(guarded_cell(
+            functools.partial(prefill_cell, model, model_name, lengths, candidate, compiled, device, dtype, chunk,
+                              repeats),
+            {"candidate": candidate, "compile": compiled}, device))
     record["cells"] = cells
     return record
 
