@@ -2,6 +2,7 @@
 # Run a named benchmark set on a GPU machine, one device call each.
 #
 #   bench/gpu.sh table           every H200 row of bench/README.md's table (about 8 minutes on one H200)
+#   bench/gpu.sh long            the long-prompt rows: bench prefill of llama-3.1-8b, 16k-128k tokens (~4 min, H100)
 #   bench/gpu.sh matrix          the decode grid: three models x best, reference x batch 1-128 x context 1k-32k
 #   bench/gpu.sh tests [ARGS]    the GPU tests (default: all of tests/gpu; ARGS are pytest's, e.g. one file)
 #
@@ -15,8 +16,8 @@ cd "$(dirname "$0")/.."
 set_name=${1:-}
 [ $# -gt 0 ] && shift
 case "$set_name" in
-  table|matrix|tests) ;;
-  *) echo "usage: bench/gpu.sh table|matrix|tests [pytest args]  (the sets are listed at the top of bench/gpu.sh)" >&2
+  table|long|matrix|tests) ;;
+  *) echo "usage: bench/gpu.sh table|long|matrix|tests [pytest args]  (the sets are listed at the top of bench/gpu.sh)" >&2
      exit 2 ;;
 esac
 
@@ -79,6 +80,10 @@ case "$set_name" in
       --max-seq-len 512 --pairs 200 --prefill-pairs 32 --budget 1.5 --runs 3 \
       --json "$OUT/evaluate_llama-3.2-1b_$tag.json"
     step 180 bench serve-stream --model llama-3.2-1b --device cuda --json "$OUT/serve_stream_llama-3.2-1b_$tag.json"
+    ;;
+  long)
+    step 420 bench prefill --model llama-3.1-8b --device cuda --dtype bfloat16 --candidate reference,best \
+      --tokens 16384,32768,65536,131072 --repeats 1 --json "$OUT/prefill_llama-3.1-8b_$tag.json"
     ;;
   matrix)
     for model in llama-3.2-1b llama-3.1-8b qwen3-30b-a3b; do

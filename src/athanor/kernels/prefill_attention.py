@@ -19,11 +19,11 @@ from athanor.model.reference import prefill_attention as prefill_attention_torch
 BLOCKS = (16, 32, 64, 128)
 """The query and key tile sizes `prefill_attention(block_m=, block_n=)` may set."""
 WARPS = (4, 8)
-"""The warps it may launch with: a [128, 64] tile's two dots want 8 on Hopper, smaller tiles 4."""
+"""The warps it may launch with: a [128, 128] tile's two dots want 8 on Hopper, smaller tiles 4."""
 
 
 def prefill_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens: Tensor, slots: Tensor,
-                      starts: Tensor, max_new: int, impl: Impl = None, *, block_m: int = 128, block_n: int = 64,
+                      starts: Tensor, max_new: int, impl: Impl = None, *, block_m: int = 128, block_n: int = 128,
                       num_warps: int = 8, num_stages: int = 3) -> Tensor:
     """Attention [T, Hq, D] in q's dtype of a packed prefill's queries over their slots' cached keys.
 
@@ -31,8 +31,9 @@ def prefill_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens: T
     strides with a contiguous head_dim (a token-major cache as a permuted view); slots, starts: [B] int64; max_new:
     the longest sequence's new tokens (it sizes the grid). How the Triton kernel runs (no value changes beyond the
     online softmax's rounding): `block_m` queries and `block_n` keys a tile (each one of `BLOCKS`), `num_warps`
-    (one of `WARPS`) and `num_stages` of software pipelining; the defaults suit head_dim 128 on Hopper.
-    """
+    (one of `WARPS`) and `num_stages` of software pipelining. The defaults are the fastest tiles tried for head_dim
+    128 in 16-bit dtypes on Hopper (`athanor bench prefill`); 32-bit inputs take tiles of at most 64 x 64, as the
+    default tiles' pipeline stages would not fit in shared memory at twice the bytes."""
     if not use_triton(q, impl):
         return prefill_attention_torch(q, k_cache, v_cache, cu_seqlens, slots, starts, max_new)
     from athanor.kernels.jit.prefill_attention import prefill_attention_kernel
@@ -40,6 +41,8 @@ def prefill_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens: T
     t, hq, d = q.shape
     hkv = k_cache.shape[1]
     assert d == next_pow2(d) and q.stride(2) == 1 and k_cache.stride(3) == 1 and v_cache.stride(3) == 1
+    if q.element_size() > 2:
+        block_m, block_n, num_warps = min(block_m, 64), min(block_n, 64), min(num_warps, 4)
     block_m = check_choice("block_m", block_m, BLOCKS, "queries a tile")
     block_n = check_choice("block_n", block_n, BLOCKS, "keys a tile")
     num_warps = check_choice("num_warps", num_warps, WARPS, "warps")

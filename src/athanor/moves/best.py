@@ -20,6 +20,9 @@ the whole decode step faster (`athanor bench decode`), not just its own kernel:
 - `lm_head`: the final RMSNorm and the greedy argmax inside a Triton LM head, which streams the
   vocabulary's weight faster than cuBLAS and drops the norm and argmax launches; without the argmax
   (`triton_fused`) above hidden size 2048, where the greedy variant is slower at every config tried.
+- `prefill_attention`: the Triton flash-attention kernel over the packed chunks, reading each slot's cached keys in
+  place: a long prompt's later chunks neither copy the prefix nor go through torch's flash attention, faster end to
+  end on long prompts (`athanor bench prefill`).
 - `embedding`: a gather that lets the first QKV GEMV launch under it; `triton_qkv_prologue` (the
   gather inside that GEMV) is neutral and left to the search.
 """
@@ -47,6 +50,7 @@ BEST_CUDA: dict[str, Any] = {
     "merge_early": True,
     "lm_head": "triton_greedy",
     "embedding": "triton",
+    "prefill_attention": "triton",
 }
 
 BEST_CPU: dict[str, Any] = {
