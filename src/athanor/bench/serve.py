@@ -49,6 +49,11 @@ class BenchOptions:
     slo_tpot_s: float = 0.2
     concurrency: int = 64
     """Requests in flight at most (beyond it a request is sent late, and its lateness counts in its TTFT)."""
+    request_rate: float = 0.0
+    """Requests per second as a Poisson process (vLLM's --request-rate), in place of the trace's arrival times;
+    0: the trace's times divided by `speedup`."""
+    seed: int = 0
+    """Seeds the Poisson arrivals."""
 
 
 @dataclass
@@ -171,6 +176,9 @@ async def _replay(options: BenchOptions, samples: list[Sample]) -> tuple[float, 
     trace = read_columns(options.trace, skip_bad=True)
     n = min(options.max_requests, len(trace))
     times = trace.timestamp_s[:n] - trace.timestamp_s[0]
+    if options.request_rate > 0:  # Poisson arrivals: exponential gaps, the first request at once
+        gaps = np.random.default_rng(options.seed).exponential(1.0 / options.request_rate, n)
+        times = np.concatenate(([0.0], np.cumsum(gaps[1:]))) * options.speedup  # `launch` divides by speedup
     pool = _token_pool(model, context + BLOCK_TOKENS)
     hashes = trace.hash_ids
     client = AsyncOpenAI(base_url=f"{options.url}/v1", api_key="unused", timeout=600, max_retries=0)
@@ -204,8 +212,8 @@ async def _replay(options: BenchOptions, samples: list[Sample]) -> tuple[float, 
 
 def bench_serve(options: BenchOptions) -> dict[str, Any]:
     """Replay and summarise; the JSON record (with per-request samples)."""
-    if options.speedup <= 0 or options.max_requests < 1:
-        raise ConfigError("--speedup must be > 0 and --max-requests >= 1")
+    if options.speedup <= 0 or options.max_requests < 1 or options.request_rate < 0:
+        raise ConfigError("--speedup must be > 0, --max-requests >= 1 and --request-rate >= 0")
     samples: list[Sample] = []
     before = asyncio.run(_server_tokens(options.url))
     start = time.perf_counter()

@@ -65,6 +65,9 @@ def _register_bench(bench_sub: argparse._SubParsersAction) -> None:
     b.add_argument("--slo-ttft", type=float, default=2.0, help="TTFT SLO in seconds (goodput)")
     b.add_argument("--slo-tpot", type=float, default=0.2, help="TPOT SLO in seconds (goodput)")
     b.add_argument("--concurrency", type=int, default=64, help="requests in flight at most")
+    b.add_argument("--request-rate", type=float, default=0.0, help="requests per second as a Poisson process "
+                                                                   "instead of the trace's times (0: the trace's)")
+    b.add_argument("--seed", type=int, default=0, help="seeds --request-rate's arrivals")
     b.add_argument("--json", default="", help="where to write the record (default: print only)")
     b.set_defaults(func=cmd_bench_serve)
 
@@ -150,7 +153,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     record = bench_serve(BenchOptions(
         url=args.url, trace=args.trace, speedup=args.speedup, max_requests=args.max_requests, model=args.model,
         max_input=args.max_input, max_output=args.max_output, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot,
-        concurrency=args.concurrency))
+        concurrency=args.concurrency, request_rate=args.request_rate, seed=args.seed))
     out = write_record(record, args.json)
     s = record["summary"]
     print(f"{s['completed']}/{s['requests']} ok, {s['output_tokens_per_s']:.1f} tok/s, "

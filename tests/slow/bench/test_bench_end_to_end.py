@@ -72,11 +72,22 @@ def test_a_trace_replayed_against_a_running_server(tmp_path: Path, capsys: pytes
     trace = tmp_path / "trace.csv"
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
         f"2023-11-16 18:15:46.{i:06d},{8 + i},{3 + i % 2}\n" for i in range(4)))
-    with ServerProcess(["--model", "tiny-dense", "--max-seqs", "4", "--max-seq-len", "64"],
+    with ServerProcess(["--model", "tiny-dense", "--max-seqs", "4", "--max-seq-len", "1024"],
                        tmp_path / "serve.log") as server:
         record, printed = _run(["serve", "--url", server.url, "--trace", str(trace), "--max-requests", "4"],
                                tmp_path / "t.json", capsys)
+        # Block-hash prompts (the second and third requests share their first 512-token block with the first) at
+        # a Poisson rate, one at a time: the server's slots hold the shared block when the next request comes.
+        blocks = tmp_path / "blocks.jsonl"
+        blocks.write_text("".join(f'{{"timestamp": 0, "input_length": {n}, "output_length": 2, "hash_ids": {h}}}\n'
+                                  for n, h in ((600, [0, 1]), (600, [0, 2]), (520, [0, 3]))))
+        reuse, _ = _run(["serve", "--base-url", server.url, "--trace", str(blocks), "--request-rate", "50",
+                         "--concurrency", "1"], tmp_path / "b.json", capsys)
     assert record["summary"]["completed"] == 4 and record["summary"]["failed"] == 0 and "4/4 ok" in printed[-1]
+    summary = reuse["summary"]
+    assert summary["completed"] == 3 and reuse["options"]["request_rate"] == 50
+    assert summary["server_prompt_tokens"] == 1720
+    assert summary["server_prefill_tokens"] <= 1720 - 2 * 511  # the shared block computed once
 
 
 def test_tiers_ranks_two_candidates_on_both_tiers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
