@@ -138,9 +138,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log_prompts=args.log_prompts, store=args.store,
         scheduler=SchedulerConfig(max_num_batched_tokens=step_tokens, max_queue=args.max_queue))
     logging.getLogger("athanor").setLevel(logging.INFO)
-    log.info("serving %s (%s) on %s in %s: %d sequences of up to %d tokens, %d tokens a step", args.model,
-             args.candidate or "the reference forward", device, dtype or "the stored dtype", args.max_seqs,
-             args.max_seq_len, step_tokens)
+    log.info("serving %s (%s) on %s in %s: %d sequences of up to %d tokens (a KV capacity of %d tokens), %d tokens "
+             "a step", args.model, args.candidate or "the reference forward", device, dtype or "the stored dtype",
+             args.max_seqs, args.max_seq_len, args.max_seqs * args.max_seq_len, step_tokens)
     run_server(options, args.host, args.port)
     return 0
 

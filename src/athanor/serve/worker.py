@@ -326,7 +326,9 @@ def run_worker(config: WorkerConfig, key: bytes) -> int:
     path.unlink(missing_ok=True)
     sock.bind(f"ipc://{path}")
     exit_with_parent()
-    log.info("serving %s on %s", engine.active, path)
+    cfg, state = config.engine, sum(r.ctx.allocated_bytes for r in engine.residents.values())
+    log.info("serving %s on %s; KV capacity %d sequences x %d tokens = %d tokens (%.2f GiB of candidate state)",
+             engine.active, path, cfg.max_seqs, cfg.max_seq_len, cfg.max_seqs * cfg.max_seq_len, state / 2**30)
     ServingLoop(config, engine, sock, key).run()
     sock.close()
     ctx.term()
