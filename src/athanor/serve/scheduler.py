@@ -258,13 +258,13 @@ class Scheduler:
             if pool is None or pool.num_free == 0:
                 break  # FIFO: the head waits for a slot, the others wait behind it
             self.waiting.popleft()
+            seq.candidate_id = cid  # first: the canary mirrors sequences by the candidate they run on
             twin = want_twin(seq)
             if twin and twin in self.pools and self.pools[twin].num_free > 0 and seq.num_computed == 0:
                 # A mirrored sequence computes its whole prompt on both sides, so the two agree token for token.
                 (seq.slot, _), (seq.twin_slot, _) = pool.take(), self.pools[twin].take()
-                seq.candidate_id, seq.twin_candidate = cid, twin
+                seq.twin_candidate = twin
             else:
-                seq.candidate_id = cid
                 seq.slot, seq.num_cached = pool.take(seq.tokens if seq.num_computed == 0 else None)
                 seq.num_computed = seq.num_cached
             self.running.append(seq)

@@ -125,3 +125,18 @@ def test_a_sequence_that_failed_leaves_nothing_to_reuse() -> None:
     run_step(s)
     s.finish(s.running[0], "error", error="the candidate failed")
     assert _finish_alone(s, "retry", prompt) == len(prompt)
+
+
+def test_the_canary_sees_the_candidate_a_new_sequence_runs_on() -> None:
+    s = make(budget=64, max_seqs=2)
+    s.add_candidate("B")
+    seen: list[str] = []
+
+    def mirror_on_b(seq) -> str:
+        seen.append(seq.candidate_id)
+        return "B" if seq.candidate_id == "A" else ""
+
+    s.submit(Submit("mirrored", (1, 2, 3), max_tokens=2))
+    s.schedule(lambda seq: "A", mirror_on_b)
+    seq = s.running[0]
+    assert seen == ["A"] and seq.twin_candidate == "B" and seq.twin_slot >= 0 and seq.num_computed == 0
