@@ -38,9 +38,10 @@ demo: $(VENV)/.installed
 # Two passes: the tests that judge speed (marker `timing`: the evaluator's verdicts, the compile loop) alone, so
 # nothing else competes for the cores they time on; the rest first, one worker per core, one intra-op thread each
 # (test modules stay whole on a worker: their module fixtures load once). Both run; either failing fails (a pass
-# that PYTEST_ARGS leaves empty, pytest's status 5, does not). `test` is the default tier (tests/unit, at most
-# 6 minutes on 2 cores); `test-slow` the long end-to-end runs (tests/slow: whole sessions over wall-clock budgets,
-# the watch, the benchmarks, exhaustive equivalence checks), in the same two passes.
+# that PYTEST_ARGS leaves empty, pytest's status 5, does not). `test` is the default tier (tests/unit less the tests
+# marked `slow`, at most 6 minutes on 2 cores); `test-slow` the rest, in the same two passes: the long end-to-end
+# runs (tests/slow: whole sessions over wall-clock budgets, the watch, the benchmarks, exhaustive equivalence
+# checks) and the exhaustive variants in tests/unit (marked `slow`) of cases the default tier keeps one of.
 TEST_TWO_PASSES = status=0; \
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(1) -q -m "not timing$(2)" -n auto --dist loadfile $(PYTEST_ARGS) \
 	  || { s=$$?; [ $$s -eq 5 ] || status=$$s; }; \
@@ -51,7 +52,7 @@ test: $(VENV)/.installed-test
 	@$(call TEST_TWO_PASSES,tests/unit, and not slow)
 
 test-slow: $(VENV)/.installed-test
-	@$(call TEST_TWO_PASSES,tests/slow)
+	@$(call TEST_TWO_PASSES,tests/slow tests/unit, and slow)
 
 # ruff, mypy, and the history check (no commit name or bench/results path in src/); all three run, any
 # failing fails.

@@ -208,7 +208,12 @@ def test_expert_gemv_prefetch_sums_the_same_bits(gen, monkeypatch):
 
 
 @triton_only
-@pytest.mark.parametrize(("m", "scoring", "with_bias"), [(1, "softmax", False), (3, "sigmoid", True)])
+@pytest.mark.parametrize(("m", "scoring", "with_bias"), [
+    (1, "softmax", False),
+    # The slow tier's: three rows reach the block in the fused layer's test (tests/unit/moves), a sigmoid with a
+    # bias the rank kernel's tests above.
+    pytest.param(3, "sigmoid", True, marks=pytest.mark.slow),
+])
 def test_moe_block_is_linear_route_then_the_expert_gemvs_bit_for_bit(gen, m, scoring, with_bias):
     """The persistent MoE block (its three phases as three launches on the interpreter, three programs walking every
     GEMV's units) against the four launches it stands for: h, logits, ids, weights and the output all the same bits;

@@ -90,8 +90,11 @@ def test_one_move_matches_reference(name, value, tmp_path, gen):
     check(render("fast", {name: value}), preset, tmp_path, gen)
 
 
-@pytest.mark.parametrize("preset", ["tiny-dense", "tiny-qwen", "tiny-moe"])
-@pytest.mark.parametrize("device", ["cuda", "cpu"])
+@pytest.mark.parametrize(("device", "preset"), [
+    ("cuda", "tiny-dense"), ("cuda", "tiny-moe"),
+    pytest.param("cuda", "tiny-qwen", marks=pytest.mark.slow),  # a third model through the same kernels
+    ("cpu", "tiny-dense"), ("cpu", "tiny-qwen"), ("cpu", "tiny-moe"),
+])
 def test_best_known_matches_reference(preset, device, tmp_path, gen):
     check(render("fast", best_options(PRESETS[preset], device)), preset, tmp_path, gen)
 
@@ -170,14 +173,20 @@ ROUTED_ONLY = dataclasses.replace(PRESETS["tiny-moe"], name="tiny-moe-routed",
 """tiny-moe without its shared expert, as Qwen3-MoE and Mixtral: the fused layer's own MoE path."""
 
 
-@pytest.mark.parametrize(("preset", "routing"), [("tiny-moe", None), (ROUTED_ONLY, None),
-                                                (ROUTED_ONLY, "triton_router_epilogue"),
-                                                (ROUTED_ONLY, "triton_expert_prologue"),
-                                                (ROUTED_ONLY, "triton_o_epilogue"),
-                                                (ROUTED_ONLY, "triton_moe_block"),
-                                                ("tiny-qwen", None), ("tiny-qwen", "triton_router_epilogue")],
-                         ids=["tiny-moe", "routed-only", "routed-only-epilogues", "routed-only-expert-prologue",
-                              "routed-only-o-epilogue", "routed-only-moe-block", "tiny-qwen", "tiny-qwen-epilogues"])
+@pytest.mark.parametrize(("preset", "routing"), [
+    pytest.param("tiny-moe", None, id="tiny-moe"),
+    pytest.param(ROUTED_ONLY, "triton_moe_block", id="routed-only-moe-block"),
+    pytest.param("tiny-qwen", "triton_router_epilogue", id="tiny-qwen-epilogues"),
+    # The slow tier's: the other routing options on the routed-only path (each kernel is checked against its
+    # composition in tests/unit/kernels), and the best-known options alone ("routed-only", "tiny-qwen"), which
+    # already put RoPE in the QKV epilogue as the cases above do.
+    *(pytest.param(preset, routing, id=name, marks=pytest.mark.slow) for preset, routing, name in (
+        (ROUTED_ONLY, None, "routed-only"),
+        (ROUTED_ONLY, "triton_router_epilogue", "routed-only-epilogues"),
+        (ROUTED_ONLY, "triton_expert_prologue", "routed-only-expert-prologue"),
+        (ROUTED_ONLY, "triton_o_epilogue", "routed-only-o-epilogue"),
+        ("tiny-qwen", None, "tiny-qwen"))),
+])
 def test_fused_layer_at_few_rows_moe_and_qk_norm(preset, routing, tmp_path, gen):
     """The fused decode of a MoE model (with a shared expert: the general MoE path; routed experts only:
     expert ids read on the device, no grouping, `expert_gemv`) and of a Qwen-style one (q/k norms inside the
@@ -193,8 +202,11 @@ def test_fused_layer_at_few_rows_moe_and_qk_norm(preset, routing, tmp_path, gen)
     check(source.replace("FUSED_ROWS = 1\n", "FUSED_ROWS = 3\n"), preset, tmp_path, gen)
 
 
-@pytest.mark.parametrize("preset, lm_head", [("tiny-dense", "triton_fused"), (ROUTED_ONLY, "triton_greedy")],
-                         ids=["tiny-dense", "routed-only-greedy"])
+@pytest.mark.parametrize("preset, lm_head", [
+    pytest.param("tiny-dense", "triton_fused", id="tiny-dense"),
+    # The slow tier's: the greedy LM head is also on the fused layer's path in the one-row test below.
+    pytest.param(ROUTED_ONLY, "triton_greedy", id="routed-only-greedy", marks=pytest.mark.slow),
+])
 def test_fused_layer_with_the_final_norm_in_the_lm_head_and_the_embedding_gather(preset, lm_head, tmp_path, gen):
     """`lm_head=triton_fused` (the final RMSNorm inside the LM head's GEMV), or `triton_greedy` (and the greedy
     tokens in its epilogue: `run` decodes through `decode_greedy`), and `embedding=triton` on the fused layer's

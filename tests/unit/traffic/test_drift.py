@@ -18,7 +18,8 @@ def test_code_vs_conv_drifts(traces, capsys):
     assert "input_length" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name", TRACE_FILES)
+# A trace of each format (JSONL, CSV); the third trace: the slow tier's.
+@pytest.mark.parametrize("name", [*TRACE_FILES[:2], pytest.param(TRACE_FILES[2], marks=pytest.mark.slow)])
 def test_random_halves_not_flagged(traces, name):
     c = read_columns(traces / name)
     rng = np.random.default_rng(0)
