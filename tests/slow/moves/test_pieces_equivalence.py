@@ -1,6 +1,10 @@
-"""The template as pieces computes what it computed as one file (`templates/fast.py`), bit for bit: every option's
-every value, the best-known sets and the fused layer's paths, each rendered from the pieces and from the one-file
-template, run on the same random 2-layer model in fp32 on the CPU (Triton in its interpreter). Minutes: slow tier."""
+"""The template as pieces computes what it computed as one file (`templates/fast.py`): every option's every value,
+the best-known sets and the fused layer's paths, each rendered from the pieces and from the one-file template, run
+on the same random 2-layer model in fp32 on the CPU (Triton in its interpreter). Minutes: slow tier.
+
+Up to fp32 rounding, not bit for bit: the pieces' prefill attends for the whole batch in one call (padded, with a
+mask) where the one-file template looped over sequences, which rounds differently, and the cache that prefill leaves
+carries the difference into the decode steps after it. The routing each MoE layer saw must still be identical."""
 
 from __future__ import annotations
 
@@ -74,7 +78,8 @@ def run(build, model, seed: int, rows: int = 3) -> tuple[list[torch.Tensor], lis
 
 def assert_same(source: str, expected_source: str, preset: str | ModelSpec, tmp_path: Path, fused_rows: int = 1,
                 rows: int = 3, seed: int = 0) -> None:
-    """Both sources' outputs, with FUSED_ROWS set to `fused_rows`, identical on a 2-layer model in fp32."""
+    """Both sources' outputs, with FUSED_ROWS set to `fused_rows`, equal up to fp32 rounding (module docstring) on a
+    2-layer model in fp32, and their routing identical."""
     spec = PRESETS[preset] if isinstance(preset, str) else preset
     model = random_model(spec.with_layers(2), seed=seed)
     results = []
@@ -86,7 +91,11 @@ def assert_same(source: str, expected_source: str, preset: str | ModelSpec, tmp_
     (got, got_routes), (expected, expected_routes) = results
     assert len(got) == len(expected) and len(got_routes) == len(expected_routes)
     for step, (a, b) in enumerate(zip(got, expected)):
-        assert torch.equal(a, b), f"output {step} differs: max |diff| {float((a - b).abs().max())}"
+        if a.is_floating_point():
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()),
+                                       msg=lambda m, step=step: f"output {step}: {m}")
+        else:  # greedy tokens
+            assert torch.equal(a, b), f"output {step} differs"
     for (i, a), (j, b) in zip(got_routes, expected_routes):
         assert i == j and torch.equal(a, b)
 
