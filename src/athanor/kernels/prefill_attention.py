@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from athanor.kernels.dispatch import Impl, cdiv, check_choice, next_pow2, use_triton
+from athanor.model.reference import PrefillExtent
 from athanor.model.reference import prefill_attention as prefill_attention_torch
 
 BLOCKS = (16, 32, 64, 128)
@@ -23,19 +24,19 @@ WARPS = (4, 8)
 
 
 def prefill_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens: Tensor, slots: Tensor,
-                      starts: Tensor, max_new: int, impl: Impl = None, *, block_m: int = 128, block_n: int = 128,
+                      starts: Tensor, extent: PrefillExtent, impl: Impl = None, *, block_m: int = 128, block_n: int = 128,
                       num_warps: int = 8, num_stages: int = 3) -> Tensor:
     """Attention [T, Hq, D] in q's dtype of a packed prefill's queries over their slots' cached keys.
 
     q: [T, Hq, D] packed by cu_seqlens [B+1] (int64); k_cache, v_cache: [num_slots, Hkv, max_seq_len, D], any
-    strides with a contiguous head_dim (a token-major cache as a permuted view); slots, starts: [B] int64; max_new:
-    the longest sequence's new tokens (it sizes the grid). How the Triton kernel runs (no value changes beyond the
+    strides with a contiguous head_dim (a token-major cache as a permuted view); slots, starts: [B] int64; extent:
+    `reference.prefill_extent(cu_seqlens, starts)` (its longest sequence sizes the grid). How the Triton kernel runs (no value changes beyond the
     online softmax's rounding): `block_m` queries and `block_n` keys a tile (each one of `BLOCKS`), `num_warps`
     (one of `WARPS`) and `num_stages` of software pipelining. The defaults are the fastest tiles tried for head_dim
     128 in 16-bit dtypes on Hopper (`athanor bench prefill`); 32-bit inputs take tiles of at most 64 x 64, as the
     default tiles' pipeline stages would not fit in shared memory at twice the bytes."""
     if not use_triton(q, impl):
-        return prefill_attention_torch(q, k_cache, v_cache, cu_seqlens, slots, starts, max_new)
+        return prefill_attention_torch(q, k_cache, v_cache, cu_seqlens, slots, starts, extent)
     from athanor.kernels.jit.prefill_attention import prefill_attention_kernel
 
     t, hq, d = q.shape
@@ -50,7 +51,7 @@ def prefill_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens: T
     b = slots.shape[0]
     if t == 0 or b == 0:
         return out
-    prefill_attention_kernel[(cdiv(max_new, block_m), b, hq)](
+    prefill_attention_kernel[(cdiv(extent.max_new, block_m), b, hq)](
         q, k_cache, v_cache, out, cu_seqlens, slots, starts,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),

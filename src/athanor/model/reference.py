@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -150,8 +151,7 @@ class ReferenceForward:
     def _prefill(self, batch: PrefillBatch) -> Tensor:
         spec, m = self.spec, self.model
         eps = spec.rms_norm_eps
-        # One sync for the whole prefill: the padded query length and the longest key range.
-        max_new = int((batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]).max())
+        extent = prefill_extent(batch.cu_seqlens, batch.seq_lens)
         token_slots = token_rows(batch.cu_seqlens, batch.slots, batch.tokens.shape[0])
         x = F.embedding(batch.tokens, m.get("embed"))  # [T, H]
         for i in range(spec.num_layers):
@@ -159,7 +159,7 @@ class ReferenceForward:
             self.k_cache[i][token_slots, :, batch.positions] = k
             self.v_cache[i][token_slots, :, batch.positions] = v
             out = prefill_attention(q, self.k_cache[i], self.v_cache[i], batch.cu_seqlens, batch.slots,
-                                    batch.seq_lens, max_new)
+                                    batch.seq_lens, extent)
             x = x + F.linear(out.flatten(1), m.layer(i, "wo"))
             x = x + self._mlp(i, rms_norm(x, m.layer(i, "mlp_norm"), eps))
         last = batch.cu_seqlens[1:] - 1
@@ -206,19 +206,36 @@ def token_rows(cu_seqlens: Tensor, per_seq: Tensor, num_tokens: int) -> Tensor:
     return torch.repeat_interleave(per_seq, cu_seqlens[1:] - cu_seqlens[:-1], output_size=num_tokens)
 
 
+@dataclass(frozen=True)
+class PrefillExtent:
+    """How far a packed prefill reaches, read once per prefill (one host sync) and used by every layer."""
+
+    max_new: int
+    """The longest sequence's new tokens."""
+    kv_len: int
+    """The most keys a sequence attends over (its cached and new tokens)."""
+
+
+def prefill_extent(cu_seqlens: Tensor, starts: Tensor) -> PrefillExtent:
+    """The extent of a prefill whose sequences are packed by cu_seqlens [B+1] and continue from starts [B]."""
+    lens = cu_seqlens[1:] - cu_seqlens[:-1]
+    max_new, kv_len = torch.stack([lens.max(), (starts + lens).max()]).tolist()
+    return PrefillExtent(int(max_new), int(kv_len))
+
+
 def prefill_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens: Tensor, slots: Tensor,
-                      starts: Tensor, max_new: int) -> Tensor:
+                      starts: Tensor, extent: PrefillExtent) -> Tensor:
     """Causal attention of a packed prefill's queries over their slots' cached keys, which already hold the new
     ones: query j of sequence b sits at position starts[b] + j and sees keys 0..starts[b] + j. Returns [T, Hq, D].
 
     q: [T, Hq, D] packed by cu_seqlens [B+1]; k_cache, v_cache: [slots, Hkv, max_seq_len, D]; slots, starts: [B];
-    max_new: the longest sequence's new tokens. All sequences go through one scaled_dot_product_attention: a lone
-    sequence with lower-right causal alignment (flash attention, nothing materialised), several padded to
-    max_new queries with a mask of which keys each position sees.
+    extent: `prefill_extent(cu_seqlens, starts)`. All sequences go through one scaled_dot_product_attention: a lone
+    sequence with lower-right causal alignment (flash attention, nothing materialised), several padded to the
+    longest one's queries with a mask of which keys each position sees.
     """
     t, hq, d = q.shape
     b = slots.shape[0]
-    kv_len = int((starts + (cu_seqlens[1:] - cu_seqlens[:-1])).max())
+    max_new, kv_len = extent.max_new, extent.kv_len
     keys = k_cache[:, :, :kv_len].index_select(0, slots)  # [B, Hkv, L, D]
     values = v_cache[:, :, :kv_len].index_select(0, slots)
     if b == 1:

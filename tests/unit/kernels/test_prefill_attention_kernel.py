@@ -7,6 +7,7 @@ import torch
 
 from athanor.errors import ConfigError
 from athanor.kernels import HAS_TRITON, prefill_attention
+from athanor.model.reference import PrefillExtent, prefill_extent
 
 triton_only = pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
 IMPLS = [pytest.param("triton", marks=triton_only), "torch"]
@@ -28,6 +29,10 @@ def _one_query_at_a_time(q, k_cache, v_cache, lens, slots, starts):
     return torch.stack(rows)
 
 
+def _extent(cu: torch.Tensor, starts: list[int]) -> PrefillExtent:
+    return prefill_extent(cu, torch.tensor(starts))
+
+
 def _batch(gen, lens, starts, hq=4, hkv=2, d=16, max_len=160, num_slots=6):
     q = torch.randn(sum(lens), hq, d, generator=gen)
     k_cache = torch.randn(num_slots, hkv, max_len, d, generator=gen)
@@ -43,7 +48,7 @@ def test_fresh_prompts_and_continued_chunks_in_one_batch(gen, impl, hq, hkv):
     # A fresh prompt, a chunk deep into its slot, a one-token chunk, a chunk crossing tiles from an odd start.
     lens, starts = [7, 33, 1, 20], [0, 90, 41, 5]
     q, k_cache, v_cache, cu, slots = _batch(gen, lens, starts, hq, hkv)
-    out = prefill_attention(q, k_cache, v_cache, cu, torch.tensor(slots), torch.tensor(starts), max(lens), impl,
+    out = prefill_attention(q, k_cache, v_cache, cu, torch.tensor(slots), torch.tensor(starts), _extent(cu, starts), impl,
                             **SMALL_TILES)
     expected = _one_query_at_a_time(q, k_cache, v_cache, lens, slots, starts)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
@@ -53,7 +58,7 @@ def test_fresh_prompts_and_continued_chunks_in_one_batch(gen, impl, hq, hkv):
 def test_a_lone_long_chunk_after_a_cached_prefix(gen, impl):
     lens, starts = [50], [100]
     q, k_cache, v_cache, cu, slots = _batch(gen, lens, starts)
-    out = prefill_attention(q, k_cache, v_cache, cu, torch.tensor(slots), torch.tensor(starts), 50, impl,
+    out = prefill_attention(q, k_cache, v_cache, cu, torch.tensor(slots), torch.tensor(starts), _extent(cu, starts), impl,
                             **SMALL_TILES)
     torch.testing.assert_close(out, _one_query_at_a_time(q, k_cache, v_cache, lens, slots, starts),
                                rtol=1e-4, atol=1e-5)
@@ -64,7 +69,7 @@ def test_a_token_major_cache_view_reads_the_same_keys(gen):
     lens, starts = [12, 30], [0, 17]
     q, k_cache, v_cache, cu, slots = _batch(gen, lens, starts)
     token_major = [c.transpose(1, 2).contiguous().transpose(1, 2) for c in (k_cache, v_cache)]
-    args = (cu, torch.tensor(slots), torch.tensor(starts), 30)
+    args = (cu, torch.tensor(slots), torch.tensor(starts), _extent(cu, starts))
     out = prefill_attention(q, *token_major, *args, "triton", block_m=32, block_n=16, num_warps=4)
     torch.testing.assert_close(out, prefill_attention(q, k_cache, v_cache, *args, "torch"), rtol=1e-4, atol=1e-5)
 
@@ -73,4 +78,5 @@ def test_a_token_major_cache_view_reads_the_same_keys(gen):
 def test_a_tile_size_outside_the_list_is_refused_before_launch(gen):
     q, k_cache, v_cache, cu, slots = _batch(gen, [4], [0])
     with pytest.raises(ConfigError, match="block_n"):
-        prefill_attention(q, k_cache, v_cache, cu, torch.tensor(slots), torch.tensor([0]), 4, "triton", block_n=48)
+        prefill_attention(q, k_cache, v_cache, cu, torch.tensor(slots), torch.tensor([0]), _extent(cu, [0]),
+                          "triton", block_n=48)

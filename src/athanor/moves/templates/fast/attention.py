@@ -20,7 +20,7 @@ from athanor.kernels import (
     rope_cache_attention,
 )
 from athanor.model import BuildContext, ModelSpec, PrefillBatch
-from athanor.model.reference import PREFILL_SDPA, rope_inv_freq
+from athanor.model.reference import PREFILL_SDPA, PrefillExtent, rope_inv_freq
 from athanor.moves.templates.fast.kv_cache import KVCache
 from athanor.moves.templates.fast.linear import Linears
 from athanor.moves.templates.fast.options import OPTIONS, impl
@@ -77,16 +77,16 @@ class Attention:
 
     # -- prefill ---------------------------------------------------------------------------------------------
     def prefill(self, i: int, layer: Layer, h: Tensor, batch: PrefillBatch, token_slots: Tensor,
-                max_new: int) -> Tensor:
+                extent: PrefillExtent) -> Tensor:
         """Layer i's attention [T, Hq, D] for the normed hidden states h [T, H] of a prefill batch (token_slots [T]:
-        each token's slot; max_new: the longest sequence's new tokens): the keys and values cached, then every
-        sequence's queries attending causally over its slot's keys, a continued prefill's too, in one call."""
+        each token's slot; extent: the batch's `prefill_extent`): the keys and values cached, then every sequence's
+        queries attending causally over its slot's keys, a continued prefill's too, in one call."""
         q, k, v = self.qkv(layer, h)
         q, k = rope(*self.qk_norm(layer, q, k), self.cos, self.sin, batch.positions, impl=impl("rope"))
         self.cache.write(i, token_slots, batch.positions, k, v)
         with sdpa_backends():
             return prefill_attention(q, self.cache.k[i], self.cache.v[i], batch.cu_seqlens, batch.slots,
-                                     batch.seq_lens, max_new, impl=impl("prefill_attention"))
+                                     batch.seq_lens, extent, impl=impl("prefill_attention"))
 
     # -- decode ----------------------------------------------------------------------------------------------
     def kv_lens(self, positions: Tensor) -> Tensor:

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from athanor.kernels import add_rms_norm, greedy, rms_norm
 from athanor.model import BuildContext, DecodeBatch, Model, PrefillBatch
-from athanor.model.reference import token_rows
+from athanor.model.reference import prefill_extent, token_rows
 from athanor.moves.templates.fast.attention import Attention
 from athanor.moves.templates.fast.fused import FusedDecode
 from athanor.moves.templates.fast.kv_cache import KVCache
@@ -73,14 +73,13 @@ class FastForward:
 
     # -- the seam ----------------------------------------------------------------------------------------------
     def prefill(self, batch: PrefillBatch) -> Tensor:
-        # One sync for the whole prefill: the longest sequence's new tokens size the attention's grid.
-        max_new = int((batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]).max())
+        extent = prefill_extent(batch.cu_seqlens, batch.seq_lens)
         token_slots = token_rows(batch.cu_seqlens, batch.slots, batch.tokens.shape[0])
         x: Tensor = F.embedding(batch.tokens, self.embed)  # [T, H]
         residual: Tensor | None = None
         for i, layer in enumerate(self.layers):
             h, residual = self._norm(x, residual, layer.attn_norm)
-            out = self.attention.prefill(i, layer, h, batch, token_slots, max_new)
+            out = self.attention.prefill(i, layer, h, batch, token_slots, extent)
             x = self.linear(out.flatten(1), layer.wo)
             h, residual = self._norm(x, residual, layer.mlp_norm)
             x = self._mlp(i, layer, h)
