@@ -128,10 +128,15 @@ def current_candidate(active_id: str, candidate_dir: str) -> dict[str, Any]:
     return {"object": "candidate", "candidate_id": active_id, "candidate_dir": directory}
 
 
+def bearer_is(expected: str, authorization: str) -> bool:
+    """Whether an Authorization header is `Bearer <expected>` (compared in constant time)."""
+    scheme, _, token = authorization.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), expected.encode())
+
+
 def check_key(expected: str, authorization: str | None) -> None:
-    """An APIError unless `authorization` is `Bearer <expected>`, the server's --api-key (constant time)."""
-    scheme, _, key = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), expected.encode()):
+    """An APIError unless `authorization` carries the server's --api-key."""
+    if not bearer_is(expected, authorization or ""):
         raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
                        type="authentication_error", code="invalid_api_key")
 
@@ -144,6 +149,5 @@ def check_token(expected: str, authorization: str | None) -> None:
     if not authorization:
         raise APIError(401, "missing bearer token: send 'Authorization: Bearer <admin token>'",
                        type="authentication_error", code="missing_token")
-    scheme, _, token = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
+    if not bearer_is(expected, authorization):
         raise APIError(401, "invalid admin token", type="authentication_error", code="invalid_token")

@@ -59,9 +59,9 @@ class ServeOptions:
     sandbox: bool = True
     """Run candidate code in the engine's sandbox (no network, confined writes)."""
     admin_token: str = ""
+    """Bearer token of the admin API; empty disables it."""
     api_key: str = ""
     """Bearer key every /v1 request must carry (empty: none)."""
-    """Bearer token of the admin API; empty disables it."""
     log_path: str = ""
     """Request log (JSONL, `athanor` format); empty: none."""
     log_prompts: bool = False
