@@ -96,13 +96,20 @@ def settle_run_flags(args: argparse.Namespace) -> None:
         if stored is None:  # a run from before this field was recorded
             setattr(args, name, given if given is not None else COMPILE_DEFAULTS.get(name))
             continue
-        same = given is None or (parse_duration(given) == stored if name == "budget" else
-                                 str(given).split(":")[0] == str(stored) if name == "device" else given == stored)
-        if not same:
+        if given is not None and not _same_flag(name, given, stored):
             shown = f"{stored:g}s" if name == "budget" else stored
             raise ConfigError(f"--{name} {given}: run {run.id} in {args.out} was compiled with --{name} {shown}; "
                               f"resume without --{name} (it takes the run's) or choose another --out")
         setattr(args, name, f"{stored}s" if name == "budget" else stored)
+
+
+def _same_flag(name: str, given: Any, stored: Any) -> bool:
+    """Whether a flag given on `--resume` says what the run recorded (a budget in any unit, a device by its type)."""
+    if name == "budget":
+        return parse_duration(given) == stored
+    if name == "device":
+        return str(given).split(":")[0] == str(stored)
+    return bool(given == stored)
 
 
 def stored_run(out: Path) -> Any:
@@ -110,10 +117,10 @@ def stored_run(out: Path) -> Any:
     from athanor.store import open_store
     from athanor.store.connect import DEFAULT_FILENAME
 
-    if not (out / DEFAULT_FILENAME).is_file():
-        raise ConfigError(f"--resume: {out} holds no run to resume; drop --resume to start one")
-    with open_store(out) as store:
-        runs = store.runs(limit=1)
+    runs = []
+    if (out / DEFAULT_FILENAME).is_file():  # opening a store where there is none would create one
+        with open_store(out) as store:
+            runs = store.runs(limit=1)
     if not runs:
         raise ConfigError(f"--resume: {out} holds no run to resume; drop --resume to start one")
     return runs[0]
