@@ -14,6 +14,7 @@ from athanor.errors import ConfigError
 
 if TYPE_CHECKING:
     from athanor.evaluate import QualityBudget
+    from athanor.evaluate.verdict import Verdict
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -82,7 +83,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     config = dataclasses.replace(sized, device=args.device, tier=args.tier, margin=args.margin, seed=args.seed,
                                  decode_pairs=args.pairs or sized.decode_pairs)
     verdict = evaluate_candidate(Candidate.from_file(path), config, incumbent)
-    explained = explain(verdict.to_dict(), args.margin, args.traffic)
+    explained = explain(verdict, args.margin, args.traffic)
     print(render(explained))
     if args.json:
         out = Path(args.json)
@@ -93,18 +94,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0 if verdict.accepted else 1
 
 
-def explain(v: dict[str, Any], margin: float, traffic: str) -> dict[str, Any]:
+def explain(verdict: Verdict, margin: float, traffic: str) -> dict[str, Any]:
     """The verdict's fields, with what a reader needs to judge it: the bar the speedup had to clear and what it is
-    made of (`timing.bar`), and the traffic its shapes came from."""
-    from athanor.evaluate.timing import Speedup, bar
+    made of (`timing.bar`, against the last tier's A/A), and the traffic its shapes came from."""
+    from athanor.evaluate.timing import bar
 
-    tiers = v.get("tiers") or []
-    noise = tiers[-1]["noise"] if tiers else {}
-    aa = Speedup(noise.get("median") or 1.0, noise.get("ci_low") or 1.0, noise.get("ci_high") or 1.0,
-                 noise.get("num_pairs") or 0)
-    threshold = bar(aa, margin)
-    return {**v, "traffic": traffic, "bar": {"threshold": threshold, "margin": margin,
-                                             "aa_bias": threshold - 1.0 - margin}}
+    threshold = bar(verdict.tiers[-1].noise, margin) if verdict.tiers else 1.0 + margin
+    return {**verdict.to_dict(), "traffic": traffic,
+            "bar": {"threshold": threshold, "margin": margin, "aa_bias": threshold - 1.0 - margin}}
 
 
 def _known(x: Any) -> float | None:

@@ -6,14 +6,14 @@ from athanor.commands.evaluate import explain, render
 from athanor.evaluate.verdict import Speedup, TierResult, Verdict
 
 
-def _verdict(accepted: bool, kl: float = float("nan")) -> dict:
+def _verdict(accepted: bool, kl: float = float("nan")) -> Verdict:
     tier = TierResult(tier="slow", num_layers=2, speedup=Speedup(1.08, 1.05, 1.11, 200),
                       noise=Speedup(1.006, 0.99, 1.02, 200), max_abs_err=3e-6, greedy_agreement=1.0, kl=kl)
     v = Verdict(candidate_id="c", incumbent_id="i", accepted=accepted, stage="timing",
                 reason="faster: x1.080 [1.050, 1.110] clears 1.016", status="accepted" if accepted else "rejected",
                 speedup=tier.speedup, tiers=[tier], model="tiny-dense", device="cpu",
                 versions={"torch": "2.13.0", "triton": ""})
-    return v.to_dict()
+    return v
 
 
 def test_the_bar_is_one_plus_the_margin_plus_the_aa_bias_and_is_named() -> None:
