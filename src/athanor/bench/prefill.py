@@ -5,9 +5,9 @@ prompt is prefilled in chunks of `chunk` tokens, one `prefill` call after the ot
 issues them for a prompt alone, then its first token sampled (greedy). The figure is the wall time from the
 first chunk to that token, the median of `repeats` after one warm-up of the same length.
 
-FLOPs counted: every linear layer's 2 x rows x in x out (the LM head for the last token only) and causal
-attention's 2 x 2 x heads x head_dim x (n^2 / 2) per layer (QK^T and PV over the keys each query sees), the count
-long-context serving papers use; an MoE layer counts its top-k experts per token.
+FLOPs counted as the evaluator's objective counts them (`objective.prefill_flops`): every linear layer's 2 x rows x
+in x out (an MoE layer's top-k experts; the LM head for the last token only) and causal attention's
+2 x 2 x heads x head_dim x (n^2 / 2) per layer (QK^T and PV over the keys each query sees).
 """
 
 from __future__ import annotations
@@ -24,21 +24,8 @@ import torch
 from athanor.bench.decode import candidate_source, guarded_cell, load_for_decode, parse_candidates
 from athanor.bench.record import default_device, default_dtype, provenance
 from athanor.errors import ConfigError
-from athanor.model import ModelSpec, PrefillBatch
-
-
-def prefill_flops(spec: ModelSpec, tokens: int) -> float:
-    """Linear and causal-attention FLOPs of one prompt of `tokens` tokens (module docstring)."""
-    h, d = spec.hidden_size, spec.head_dim
-    attn_linear = h * d * (2 * spec.num_heads + 2 * spec.num_kv_heads)  # q, k, v in; o out
-    if spec.moe is None:
-        mlp = 3 * h * spec.intermediate_size
-    else:
-        mlp = 3 * h * spec.moe.intermediate_size * spec.moe.top_k + h * spec.moe.num_experts
-        mlp += 3 * h * spec.moe.shared_intermediate_size
-    linear = 2 * tokens * (attn_linear + mlp) * spec.num_layers + 2 * h * spec.vocab_size
-    attention = 2 * 2 * spec.num_heads * d * tokens * tokens / 2 * spec.num_layers
-    return float(linear + attention)
+from athanor.evaluate.objective import prefill_flops
+from athanor.model import PrefillBatch
 
 
 def _prefill_once(forward: Any, tokens: torch.Tensor, chunk: int, dev: torch.device) -> float:
@@ -87,7 +74,7 @@ def prefill_cell(model: Any, model_name: str, lengths: Sequence[int], candidate:
                 _prefill_once(forward, tokens, chunk, dev)  # warm-up: kernels compiled and tuned for these shapes
                 times = [_prefill_once(forward, tokens, chunk, dev) for _ in range(repeats)]
                 ttft = statistics.median(times)
-                flops = prefill_flops(spec, n)
+                flops = prefill_flops(spec, spec.num_layers, n, 0)
                 record["runs"].append({"tokens": n, "ttft_s": ttft, "times_s": times, "flops": flops,
                                        "tflops": flops / ttft / 1e12})
         finally:
