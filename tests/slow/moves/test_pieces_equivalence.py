@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import itertools
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +24,6 @@ from athanor.model.presets import PRESETS
 from athanor.model.random_init import random_model
 from athanor.moves import MOVES, best_options, render
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module loads (they load lazily)
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[3]

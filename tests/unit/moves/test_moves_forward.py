@@ -2,7 +2,7 @@
 
 Each rendered candidate prefills a batch of prompts of different lengths (one continuing a
 cached prefix) and decodes two steps; its logits must match the reference's in fp32. Triton
-options run their kernels in the interpreter (conftest sets TRITON_INTERPRET=1).
+options run their kernels in the interpreter (tests/unit/conftest.py sets TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations
