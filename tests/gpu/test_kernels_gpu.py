@@ -16,6 +16,17 @@ pytestmark = [
 ]
 
 
+def paged_pools(num_slots, max_len, hkv, d, dev, page_size=16, token_major=False):
+    """Random bf16 pools [pages + 1, hkv, page_size, d] (the last page scratch) for num_slots sequences of up to
+    max_len tokens, and the block table [num_slots, pages_per_seq] int32 giving them shuffled pages."""
+    per_seq = -(-max_len // page_size)
+    num_pages = num_slots * per_seq
+    table = torch.randperm(num_pages, device=dev).view(num_slots, per_seq).int()
+    shape = (num_pages + 1, page_size, hkv, d) if token_major else (num_pages + 1, hkv, page_size, d)
+    pools = [torch.randn(shape, device=dev, dtype=torch.bfloat16) for _ in range(2)]
+    return [p.transpose(1, 2) for p in pools] if token_major else pools, table
+
+
 def test_rms_norm_and_silu_mul_bf16(dev):
     from athanor.kernels import add_rms_norm, silu_mul
 
@@ -36,33 +47,35 @@ def test_decode_attention_bf16_long_context(dev, batch, context):
     hq, hkv, d = 32, 8, 128
     max_len = context + 16
     q = torch.randn(batch, hq, d, device=dev, dtype=torch.bfloat16)
-    k_cache = torch.randn(batch + 1, hkv, max_len, d, device=dev, dtype=torch.bfloat16)
-    v_cache = torch.randn_like(k_cache)
+    (k_cache, v_cache), table = paged_pools(batch + 1, max_len, hkv, d, dev)
     slots = torch.arange(batch, device=dev)
     kv_lens = torch.randint(1, context + 1, (batch,), device=dev)
     kv_lens[0] = context
-    out = decode_attention(q, k_cache, v_cache, slots, kv_lens, impl="triton")
-    torch.testing.assert_close(out, decode_attention(q, k_cache, v_cache, slots, kv_lens, impl="torch"), **BF16)
-    ms = time_ms(lambda: decode_attention(q, k_cache, v_cache, slots, kv_lens, impl="triton"))
+    out = decode_attention(q, k_cache, v_cache, slots, table, kv_lens, impl="triton")
+    torch.testing.assert_close(out, decode_attention(q, k_cache, v_cache, slots, table, kv_lens, impl="torch"),
+                               **BF16)
+    ms = time_ms(lambda: decode_attention(q, k_cache, v_cache, slots, table, kv_lens, impl="triton"))
     kv_bytes = 2 * int(kv_lens.sum()) * hkv * d * 2
     print(f"attention b={batch} ctx={context}: {ms:.3f} ms, {kv_bytes / ms / 1e6:.0f} GB/s")
 
 
 def test_decode_attention_is_graph_capturable(dev):
+    """Captured once, replayed with new lengths and a new block table (the engine rewrites it between steps)."""
     from athanor.kernels import decode_attention
 
     q = torch.randn(4, 32, 128, device=dev, dtype=torch.bfloat16)
-    k_cache = torch.randn(5, 8, 4096, 128, device=dev, dtype=torch.bfloat16)
-    v_cache = torch.randn_like(k_cache)
+    (k_cache, v_cache), table = paged_pools(5, 4096, 8, 128, dev, token_major=True)
     slots = torch.arange(4, device=dev)
     kv_lens = torch.tensor([1, 100, 1000, 4096], device=dev)
-    decode_attention(q, k_cache, v_cache, slots, kv_lens)  # compile outside capture
+    decode_attention(q, k_cache, v_cache, slots, table, kv_lens)  # compile outside capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = decode_attention(q, k_cache, v_cache, slots, kv_lens)
+        out = decode_attention(q, k_cache, v_cache, slots, table, kv_lens)
     kv_lens.copy_(torch.tensor([4096, 3, 2000, 1], device=dev))  # new lengths, same graph
+    table.copy_(table.flatten()[torch.randperm(table.numel(), device=dev)].view_as(table))  # new pages too
     graph.replay()
-    torch.testing.assert_close(out, decode_attention(q, k_cache, v_cache, slots, kv_lens, impl="torch"), **BF16)
+    torch.testing.assert_close(out, decode_attention(q, k_cache, v_cache, slots, table, kv_lens, impl="torch"),
+                               **BF16)
 
 
 @pytest.mark.parametrize(("hq", "hkv", "d", "qk_norm", "batch", "context"),
@@ -81,12 +94,12 @@ def test_rope_cache_attention_bf16_in_a_graph(dev, hq, hkv, d, qk_norm, batch, c
     angles = torch.randn(max_len, d, device=dev)
     cos, sin = angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
     norms = (torch.randn(d, **bf), torch.randn(d, **bf)) if qk_norm else (None, None)
-    caches = [torch.randn(batch + 1, hkv, max_len, d, **bf) for _ in range(2)]
+    caches, table = paged_pools(batch + 1, max_len, hkv, d, dev, token_major=hkv == 4)
     slots = torch.randperm(batch + 1, device=dev)[:batch]
     positions = torch.randint(0, context, (batch,), device=dev)
     positions[0] = context - 1
     kv_lens = positions + 1
-    kv = KVWrite(cos, sin, positions, slots, caches[0], caches[1], *norms)
+    kv = KVWrite(cos, sin, positions, slots, table, caches[0], caches[1], *norms)
     rope_cache_attention(q, k, v, kv, kv_lens, 1e-6)  # compile outside capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -97,17 +110,18 @@ def test_rope_cache_attention_bf16_in_a_graph(dev, hq, hkv, d, qk_norm, batch, c
         kv_lens.copy_(positions + 1)
         expected_caches = [c.clone() for c in caches]
         # the unfused Triton rope (fp32 math, rounded once, as the fused kernel; torch rounds each op in bf16)
-        rq = rope_and_cache(q, k, v, cos, sin, positions, slots, *expected_caches, impl="triton",
+        rq = rope_and_cache(q, k, v, cos, sin, positions, slots, table, *expected_caches, impl="triton",
                             q_norm=norms[0], k_norm=norms[1], eps=1e-6)
-        expected = decode_attention_torch(rq, *expected_caches, slots, kv_lens)
+        expected = decode_attention_torch(rq, *expected_caches, slots, table, kv_lens)
         graph.replay()
         torch.testing.assert_close(out, expected, **BF16)
         for got, want in zip(caches, expected_caches):
             torch.testing.assert_close(got, want, **BF16)
     unfused = torch.cuda.CUDAGraph()  # the same step as two kernels + merge (rope="triton_fused_cache")
     with torch.cuda.graph(unfused):
-        rq = rope_and_cache(q, k, v, cos, sin, positions, slots, *caches, q_norm=norms[0], k_norm=norms[1], eps=1e-6)
-        decode_attention(rq, *caches, slots, kv_lens)
+        rq = rope_and_cache(q, k, v, cos, sin, positions, slots, table, *caches, q_norm=norms[0], k_norm=norms[1],
+                            eps=1e-6)
+        decode_attention(rq, *caches, slots, table, kv_lens)
     print(f"rope_cache_attention b={batch} ctx={context} hkv={hkv} d={d}: {time_ms(graph.replay) * 1e3:.1f} us, "
           f"unfused {time_ms(unfused.replay) * 1e3:.1f} us")
 
@@ -247,9 +261,10 @@ def test_route_rope_and_greedy_bf16(dev):
     cos, sin = torch.randn(512, 128, device=dev, dtype=torch.bfloat16), torch.randn(512, 128, device=dev,
                                                                                      dtype=torch.bfloat16)
     pos, slots = torch.randint(0, 512, (8,), device=dev), torch.randperm(9, device=dev)[:8]
-    caches = [torch.zeros(9, 8, 512, 128, device=dev, dtype=torch.bfloat16) for _ in range(4)]
-    qa = rope_and_cache(q, k, v, cos, sin, pos, slots, caches[0], caches[1], impl="triton")
-    qb = rope_and_cache(q, k, v, cos, sin, pos, slots, caches[2], caches[3], impl="torch")
+    table = torch.randperm(9 * 32, device=dev).view(9, 32).int()  # 512 positions in 16-token pages, shuffled
+    caches = [torch.zeros(9 * 32 + 1, 8, 16, 128, device=dev, dtype=torch.bfloat16) for _ in range(4)]
+    qa = rope_and_cache(q, k, v, cos, sin, pos, slots, table, caches[0], caches[1], impl="triton")
+    qb = rope_and_cache(q, k, v, cos, sin, pos, slots, table, caches[2], caches[3], impl="torch")
     torch.testing.assert_close(qa, qb, **BF16)
     torch.testing.assert_close(caches[0], caches[2], **BF16)
     big = torch.randn(16, 128256, device=dev)
@@ -404,9 +419,10 @@ def test_qkv_rope_cache_bf16_in_a_graph(dev, hq, hkv, d, qk_norm, hidden):
     h, w, nw = torch.randn(1, hidden, **bf), torch.randn(n, hidden, **bf) / hidden**0.5, torch.randn(hidden, **bf)
     angles = torch.randn(max_len, d, device=dev)
     norms = (torch.randn(d, **bf), torch.randn(d, **bf)) if qk_norm else (None, None)
-    caches = [torch.randn(3, hkv, max_len, d, **bf) for _ in range(2)]
+    caches, table = paged_pools(3, max_len, hkv, d, dev, token_major=hkv == 4)
     slots, positions = torch.tensor([2], device=dev), torch.tensor([7], device=dev)
-    kv = KVWrite(angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16), positions, slots, *caches, *norms)
+    kv = KVWrite(angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16), positions, slots, table, *caches,
+                 *norms)
     qkv_rope_cache(h, w, None, nw, 1e-6, hq, kv)  # autotune outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -417,7 +433,7 @@ def test_qkv_rope_cache_bf16_in_a_graph(dev, hq, hkv, d, qk_norm, hidden):
         expected_caches = [c.clone() for c in caches]
         qkv = fused_linear(h, w, norm_weight=nw, eps=1e-6).view(1, -1, d)
         rq = rope_and_cache(qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:], kv.cos, kv.sin, positions, slots,
-                            *expected_caches, q_norm=norms[0], k_norm=norms[1], eps=1e-6)
+                            table, *expected_caches, q_norm=norms[0], k_norm=norms[1], eps=1e-6)
         graph.replay()
         torch.testing.assert_close(q, rq, **BF16)
         for got, want in zip(caches, expected_caches, strict=True):
@@ -425,8 +441,8 @@ def test_qkv_rope_cache_bf16_in_a_graph(dev, hq, hkv, d, qk_norm, hidden):
     two = torch.cuda.CUDAGraph()
     with torch.cuda.graph(two):
         qkv = fused_linear(h, w, norm_weight=nw, eps=1e-6).view(1, -1, d)
-        rope_and_cache(qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:], kv.cos, kv.sin, positions, slots, *caches,
-                       q_norm=norms[0], k_norm=norms[1], eps=1e-6)
+        rope_and_cache(qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:], kv.cos, kv.sin, positions, slots, table,
+                       *caches, q_norm=norms[0], k_norm=norms[1], eps=1e-6)
     print(f"qkv_rope_cache hq={hq} hkv={hkv} d={d} K={hidden}: {time_ms(graph.replay) * 1e3:.1f} us, "
           f"GEMV + RoPE kernel {time_ms(two.replay) * 1e3:.1f} us")
 
@@ -442,26 +458,27 @@ def test_early_keys_attention_after_the_qkv_rope_epilogue_in_a_graph(dev):
     hq, hkv, d, hidden, max_len = 32, 4, 128, 2048, 1040
     h, w = torch.randn(1, hidden, **bf), torch.randn((hq + 2 * hkv) * d, hidden, **bf) / hidden**0.5
     nw, angles = torch.randn(hidden, **bf), torch.randn(max_len, d, device=dev)
-    caches = [torch.randn(3, hkv, max_len, d, **bf) for _ in range(2)]
+    caches, table = paged_pools(3, max_len, hkv, d, dev)
     slots, positions = torch.tensor([2], device=dev), torch.tensor([7], device=dev)
-    kv = KVWrite(angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16), positions, slots, *caches,
+    kv = KVWrite(angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16), positions, slots, table, *caches,
                  torch.randn(d, **bf), torch.randn(d, **bf))
     outs = {}
     graphs = {}
     for early in (False, True):
         q = qkv_rope_cache(h, w, None, nw, 1e-6, hq, kv)  # autotune and compile outside the capture
-        decode_attention(q, *caches, slots, positions, lens_offset=1, early_keys=early, split_early=early)
+        decode_attention(q, *caches, slots, table, positions, lens_offset=1, early_keys=early, split_early=early)
         graphs[early] = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graphs[early]):
             q = qkv_rope_cache(h, w, None, nw, 1e-6, hq, kv)
-            outs[early] = decode_attention(q, *caches, slots, positions, lens_offset=1, early_keys=early,
+            outs[early] = decode_attention(q, *caches, slots, table, positions, lens_offset=1, early_keys=early,
                                            split_early=early)
     for position in (1023, 64, 0, 700):
         h.copy_(torch.randn_like(h))
         positions.fill_(position)
         graphs[False].replay()
         expected = outs[False].clone()
-        caches[0][2, :, position].fill_(7.0)  # a stale newest key: the early graph must read the one it writes
+        page = int(table[2, position // 16])  # a stale newest key: the early graph must read the one it writes
+        caches[0][page, :, position % 16].fill_(7.0)
         graphs[True].replay()
         assert torch.equal(outs[True], expected), position
 

@@ -25,7 +25,8 @@ def _generate(engine: Engine, chain: bool, late: Submit) -> tuple[dict[str, list
     """Serve three requests (different lengths, one sampled, one joining late) to the end; per request
     its generated tokens, and how many steps used a step queued ahead."""
     assert engine.active is not None
-    scheduler = Scheduler(SchedulerConfig(), engine.config.max_seqs, engine.config.max_seq_len)
+    cfg = engine.config
+    scheduler = Scheduler(SchedulerConfig(), cfg.max_seqs, cfg.max_seq_len, cfg.kv_pages, cfg.page_size)
     scheduler.add_candidate(engine.active)
     executor = Executor(engine, scheduler)
     for request in (Submit("a", (5, 6, 7, 8), 12), Submit("b", (9, 10), 20, temperature=0.8, seed=3)):
@@ -48,7 +49,10 @@ def _generate(engine: Engine, chain: bool, late: Submit) -> tuple[dict[str, list
 
 
 def test_chained_steps_equal_unchained() -> None:
-    config = EngineConfig(model="tiny-dense", device="cuda", dtype="bfloat16", max_seqs=4, max_seq_len=64)
+    # Pages of 4 tokens: the chained steps cross many page boundaries (a step queued ahead writes through the
+    # lookahead page the scheduler gave each decoding row).
+    config = EngineConfig(model="tiny-dense", device="cuda", dtype="bfloat16", max_seqs=4, max_seq_len=64,
+                          page_size=4, kv_pages=64)
     model = random_model(load_spec("tiny-dense"), seed=0, device=torch.device("cuda"), dtype=torch.bfloat16)
     engine = Engine(config, model)
     assert engine.swap(p.SwapRequest(baseline_candidate())).status == "ok"

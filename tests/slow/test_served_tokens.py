@@ -1,12 +1,13 @@
-"""What `athanor serve` answers is what HF transformers computes, request by request, through chunked prefill and
-prefix reuse.
+"""What `athanor serve` answers is what HF transformers computes, request by request, through chunked prefill,
+prefix caching and preemption.
 
-One real server (smollm2-135m, fp32, CPU) with 4 slots and a step budget of 48 tokens, so every long prompt is
-prefilled in several chunks whose boundaries fall inside it; 24 greedy requests in three waves of 8 concurrent
-ones. The prompts share a long preamble, and the second and third waves are the next turns of the first's
-conversations (the history, the answer, a new message), so most of their prompts are held by a slot already and
-the reuse starts wherever the common prefix ends. Each answer is checked against HF's greedy continuation of the
-same token ids, run one request at a time.
+One real server (smollm2-135m, fp32, CPU) with 4 slots, a step budget of 48 tokens, so every long prompt is
+prefilled in several chunks whose boundaries fall inside it, and a KV pool of 160 tokens (10 pages), too small
+for four sequences of this length at once, so the scheduler preempts some and they recompute later; 24 greedy
+requests in three waves of 8 concurrent ones. The prompts share a long preamble, and the second and third waves
+are the next turns of the first's conversations (the history, the answer, a new message), so most of their
+prompts sit in cached pages already and each hit ends inside a page (the rest of that page is recomputed). Each
+answer is checked against HF's greedy continuation of the same token ids, run one request at a time.
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ def test_served_greedy_tokens_equal_hf_transformers(tmp_path: Path, smollm2_gguf
                               eos_token_id=None, pad_token_id=0)
         return out[0, len(ids):].tolist()
 
-    server = ServerProcess(["--model", MODEL, "--device", "cpu", "--max-seqs", "4", "--max-seq-len", "512",
-                            "--max-num-batched-tokens", "48"], tmp_path / "server.log").start()
+    server = ServerProcess(["--model", MODEL, "--device", "cpu", "--max-seqs", "4", "--max-seq-len", "160",
+                            "--kv-tokens", "160", "--max-num-batched-tokens", "48"], tmp_path / "server.log").start()
     try:
         async def ask(client: AsyncOpenAI, ids: list[int]) -> str:
             r = await client.completions.create(model=MODEL, prompt=ids, max_tokens=MAX_TOKENS, temperature=0,
@@ -82,7 +83,8 @@ def test_served_greedy_tokens_equal_hf_transformers(tmp_path: Path, smollm2_gguf
         metrics = httpx.get(f"{server.url}/metrics").text
         prompt_tokens = _metric(metrics, "athanor_prompt_tokens_total")
         computed = _metric(metrics, "athanor_prefill_tokens_total")
-        # The later turns' histories were held by the slots of the earlier ones.
+        # The later turns' histories were in the pages of the earlier ones, preemptions' recomputation included.
         assert computed < 0.8 * prompt_tokens, (computed, prompt_tokens)
+        assert _metric(metrics, "athanor_num_preemptions_total") >= 1
     finally:
         server.stop()

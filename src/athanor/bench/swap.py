@@ -119,7 +119,7 @@ def bench_swap(model: str, device: str = "cpu", dtype: str = "", num_swaps: int 
             challenger = Candidate.from_source(base.source + "\n# challenger\n", parent=base.manifest.content_hash)
             atol = 1e-4 if not dtype or dtype == "float32" else 2e-2
             record["experiment_s"], record["experiment"] = _timed(lambda: experiment(engine, challenger, base.id, atol))
-            crash = Candidate.from_source("import os\ndef build(model, ctx):\n    os.abort()\n")
+            crash = Candidate.from_source("SEAM_VERSION = 2\nimport os\ndef build(model, ctx):\n    os.abort()\n")
             record["respawn_s"], reply = _timed(lambda: engine.swap(crash))
             record["respawn_verdict"] = reply.status
             record["respawn_worker_start_s"] = engine.last_start_s

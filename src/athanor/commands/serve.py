@@ -42,6 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-seqs", type=int, default=8, help="sequences served at once (KV slots per candidate)")
     p.add_argument("--max-model-len", "--max-seq-len", dest="max_seq_len", type=int, default=2048,
                    help="context length (prompt + output tokens)")
+    p.add_argument("--kv-tokens", type=int, default=0, help="KV pool of each candidate, in tokens (default: on CUDA "
+                   "what free memory holds after the weights, shared with a canary's challenger; on the CPU "
+                   "--max-seqs x --max-model-len)")
     p.add_argument("--max-num-batched-tokens", type=int, default=0, help="token budget of one step (default: "
                    f"{GPU_STEP_TOKENS} on CUDA, {CPU_STEP_TOKENS} on the CPU)")
     p.add_argument("--max-queue", type=int, default=256, help="waiting requests before answering 429")
@@ -124,6 +127,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     step_tokens = args.max_num_batched_tokens or (GPU_STEP_TOKENS if device.type == "cuda" else CPU_STEP_TOKENS)
     if args.max_seqs < 1 or args.max_seq_len < 2:
         raise ConfigError("--max-seqs must be >= 1 and --max-seq-len >= 2")
+    if args.kv_tokens < 0 or 0 < args.kv_tokens < args.max_seq_len:
+        raise ConfigError(f"--kv-tokens {args.kv_tokens}: the pool must hold at least one whole context "
+                          f"(--max-model-len {args.max_seq_len}), or leave it out")
     if step_tokens < args.max_seqs:
         raise ConfigError(f"--max-num-batched-tokens {step_tokens}: must be at least --max-seqs "
                           f"({args.max_seqs}), so every running sequence can decode in one step")
@@ -132,15 +138,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_port_free(args.host, args.port)  # before the model loads, not after
     options = ServeOptions(
         model=args.model, candidate_dir=args.candidate, served_model_name=args.served_model_name, device=str(device),
-        dtype=dtype, max_seqs=args.max_seqs, max_seq_len=args.max_seq_len, threads=args.threads,
+        dtype=dtype, max_seqs=args.max_seqs, max_seq_len=args.max_seq_len, kv_tokens=args.kv_tokens,
+        threads=args.threads,
         sandbox=not args.no_sandbox, admin_token=read_admin_token(args.admin_token_file), api_key=args.api_key,
         log_path=args.log,
         log_prompts=args.log_prompts, store=args.store,
         scheduler=SchedulerConfig(max_num_batched_tokens=step_tokens, max_queue=args.max_queue))
     logging.getLogger("athanor").setLevel(logging.INFO)
-    log.info("serving %s (%s) on %s in %s: %d sequences of up to %d tokens (a KV capacity of %d tokens), %d tokens "
-             "a step", args.model, args.candidate or "the reference forward", device, dtype or "the stored dtype",
-             args.max_seqs, args.max_seq_len, args.max_seqs * args.max_seq_len, step_tokens)
+    log.info("serving %s (%s) on %s in %s: up to %d sequences of up to %d tokens, %d tokens a step", args.model,
+             args.candidate or "the reference forward", device, dtype or "the stored dtype", args.max_seqs,
+             args.max_seq_len, step_tokens)
     run_server(options, args.host, args.port)
     return 0
 

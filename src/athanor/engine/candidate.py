@@ -20,6 +20,7 @@ from pathlib import Path
 from types import ModuleType
 
 from athanor.errors import CandidateError
+from athanor.seams import seam_mismatch
 
 MODULE_PREFIX = "athanor_candidate_"
 
@@ -107,6 +108,8 @@ def import_candidate(candidate: Candidate, scratch_dir: Path, serial: int) -> Mo
         raise CandidateError(f"candidate {candidate.id}: line {e.lineno}: {e.msg} (the source does not parse)") from None
     except ValueError as e:  # null bytes
         raise CandidateError(f"candidate {candidate.id}: {e}") from None
+    if mismatch := seam_mismatch(candidate.source, f"candidate {candidate.id}"):
+        raise CandidateError(mismatch)
     name = f"{MODULE_PREFIX}{candidate.id}_{serial}"
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None

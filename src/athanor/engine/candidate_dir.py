@@ -15,6 +15,7 @@ from typing import Any
 
 from athanor.engine.candidate import Candidate, CandidateManifest, content_hash
 from athanor.errors import ConfigError
+from athanor.seams import seam_mismatch
 
 SOURCE_NAME = "candidate.py"
 MANIFEST_NAME = "manifest.json"
@@ -29,6 +30,8 @@ def load_candidate_dir(directory: str | Path) -> Candidate:
     if not source_path.is_file():
         raise ConfigError(f"{source_path}: missing; a candidate directory holds the forward pass in {SOURCE_NAME}")
     source = source_path.read_text()
+    if mismatch := seam_mismatch(source, str(source_path)):
+        raise ConfigError(mismatch)
     raw: dict[str, Any] = {}
     if manifest_path.is_file():
         try:

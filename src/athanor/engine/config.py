@@ -50,6 +50,13 @@ class EngineConfig:
     max_seqs: int = 8
     """Real slots per resident candidate; slot `max_seqs` is the padding slot."""
     max_seq_len: int = 256
+    page_size: int = 16
+    """Tokens per KV page (`athanor.model.seam`): the unit of KV memory and of prefix sharing."""
+    kv_pages: int = 0
+    """Pages in each resident's KV pool (scratch not counted). 0: enough for every slot to hold `max_seq_len` tokens,
+    the table giving each slot its own pages, shuffled over the pool (so a forward that ignores the table computes
+    wrong keys and fails the evaluator's comparison). More than 0: the table starts all scratch and the caller (the
+    server's scheduler) assigns the pages."""
     buckets: tuple[int, ...] = DEFAULT_BUCKETS
     """Decode batch sizes captured as CUDA graphs; a batch pads up to the next bucket."""
     use_graphs: bool = True

@@ -26,6 +26,7 @@ from athanor.engine.candidate import Candidate, format_exception, import_candida
 from athanor.engine.config import EngineConfig
 from athanor.engine.graphs import DecodeRunner, StepInputs, check_logits
 from athanor.engine.isolation import ModuleGuard
+from athanor.engine.pages import block_table
 from athanor.engine.requests import BadRequest, validate_decode, validate_prefill
 from athanor.engine.violations import ViolationWatch
 from athanor.errors import CandidateError
@@ -124,8 +125,10 @@ class Engine:
         if not callable(build):
             raise CandidateError(f"candidate {cand.id}: defines no function build(model, ctx)")
         cfg = self.config
+        num_pages, table = block_table(cfg, self.device)
         ctx = BuildContext(device=self.device, dtype=self.model.dtype, max_seqs=cfg.max_seqs,
-                           max_seq_len=cfg.max_seq_len, scratch_dir=self.scratch_root / cand.id)
+                           max_seq_len=cfg.max_seq_len, page_size=cfg.page_size, num_pages=num_pages,
+                           block_table=table, scratch_dir=self.scratch_root / cand.id)
         t = time.perf_counter()
         forward = build(self.model, ctx)
         for name in ("prefill", "decode"):

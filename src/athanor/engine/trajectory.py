@@ -7,6 +7,8 @@ process, so RPC overhead never pollutes a timing and A and B share the machine's
 (A B / B A ...). Every run is both timed and checked: the candidate cannot tell a timed step
 from a checked one because there is no difference. Per step and candidate:
 
+- the KV pool is poisoned at the start: each resident's pages are dealt to its slots again in a new order
+  (`athanor.engine.pages.deal`), so nothing a candidate kept in its pages lines up with this script;
 - outputs are poisoned first (the graph's static output buffers are filled with NaN; in the
   eager path the tensor a candidate returned is poisoned after it was read), so a candidate
   that does not write its outputs returns NaN;
@@ -48,6 +50,7 @@ from torch import Tensor
 from athanor.engine import protocol as p
 from athanor.engine.candidate import MODULE_PREFIX, candidate_failure, collector_off
 from athanor.engine.graphs import check_logits
+from athanor.engine.pages import deal
 from athanor.engine.requests import BadRequest, validate_decode, validate_prefill
 from athanor.errors import CandidateError
 from athanor.model import Model, PrefillBatch
@@ -326,6 +329,9 @@ def run_trajectory(engine: Engine, req: p.TrajectoryRequest) -> p.TrajectoryRepl
     # staging, fingerprints read back, kept logits copied.
     spent = dict.fromkeys(("inputs", "windows", "fingerprints", "logits"), 0.0)
     spent["inputs"] = _clock() - t_start
+    if req.poison and engine.config.kv_pages == 0:
+        for i, resident in enumerate(residents):
+            deal(resident.ctx.table, resident.ctx.num_pages, req.seed + i)
     proj = fingerprint_projection(vocab, req.num_projections, req.seed, device)
     nexts = [s.next_tokens.to(device) if s.next_tokens is not None else None for s in req.steps]
     order = random.Random(req.seed)

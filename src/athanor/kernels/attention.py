@@ -1,9 +1,10 @@
 """Decode attention: one new query per sequence against its slot's cached keys and values.
 
-KV layout is the reference's: k_cache, v_cache [num_slots, Hkv, max_seq_len, D] per layer.
-`kv_lens[b]` keys of slot `slots[b]` are attended (positions + 1 once the new token is
-written). The Triton path (split-KV flash-decoding, `jit/attention.py`) has a static grid and
-no host syncs, so it can be captured in a CUDA graph at any context length.
+The KV cache is paged (`kernels.paging`): k_cache, v_cache [num_pages + 1, Hkv, page_size, D] per layer, and token p
+of slot s is row p % page_size of page block_table[s, p // page_size]. The first `kv_lens[b]` tokens of slot
+`slots[b]` are attended (positions + 1 once the new token is written). The Triton path (split-KV flash-decoding,
+`jit/attention.py`) reads the keys through the block table in place, with a static grid and no host syncs, so it can
+be captured in a CUDA graph at any context length.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 from torch import Tensor
 
 from athanor.kernels.dispatch import WARPS, Impl, cdiv, check_choice, next_pow2, pdl, tickets, use_triton
+from athanor.kernels.paging import gather_kv
 from athanor.kernels.rope import KVWrite, rope_into
 
 BLOCK_N = 64
@@ -59,19 +61,20 @@ def _kv_block(kv_block: int | None, batch: int, num_kv_heads: int, max_seq_len: 
     return check_choice("kv_block", kv_block, KV_BLOCKS, "keys a tile")
 
 
-def decode_attention_torch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor,
-                           static: bool = False) -> Tensor:
+def decode_attention_torch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, block_table: Tensor,
+                           kv_lens: Tensor, static: bool = False) -> Tensor:
     """The reference's grouped-query decode attention over the cache. Returns [B, Hq, D].
 
-    Eagerly it attends up to the longest live context (a host sync); with `static` (or under
-    CUDA-graph capture) over the whole cache with a mask, which torch.compile and graphs need.
+    Each row's keys are gathered through the block table (`paging.gather_kv`): eagerly up to the longest live context
+    (a host sync); with `static` (or under CUDA-graph capture) over all of a row's pages_per_seq pages with a mask,
+    which torch.compile and graphs need.
     """
     b, hq, d = q.shape
     hkv = k_cache.shape[1]
     static = static or (q.is_cuda and torch.cuda.is_current_stream_capturing())
-    kv_len = k_cache.shape[2] if static else int(kv_lens.max())
-    keys = k_cache[:, :, :kv_len].index_select(0, slots)  # [B, Hkv, L, D]
-    values = v_cache[:, :, :kv_len].index_select(0, slots)
+    kv_len = block_table.shape[1] * k_cache.shape[2] if static else int(kv_lens.max())
+    keys = gather_kv(k_cache, block_table, slots, kv_len)  # [B, Hkv, L, D]
+    values = gather_kv(v_cache, block_table, slots, kv_len)
     mask = torch.arange(kv_len, device=q.device)[None, :] < kv_lens[:, None]  # [B, L]
     qg = q.view(b, hkv, hq // hkv, d)
     scores = (qg @ keys.transpose(-1, -2)).float() * d**-0.5  # [B, Hkv, G, L]
@@ -80,17 +83,19 @@ def decode_attention_torch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: T
     return (probs @ values).reshape(b, hq, d)
 
 
-def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor,
-                     num_splits: int | None = None, static: bool = False, impl: Impl = None,
+def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, block_table: Tensor,
+                     kv_lens: Tensor, num_splits: int | None = None, static: bool = False, impl: Impl = None,
                      merge_early: bool = False, lens_offset: int = 0, early_keys: bool = False,
                      split_early: bool = False, *, kv_block: int | None = None, split_warps: int = 4,
                      merge_warps: int = 1) -> Tensor:
     """Attention of one query per sequence over its cached keys. Returns [B, Hq, D] in q's dtype.
 
-    q: [B, Hq, D]; k_cache, v_cache: [num_slots, Hkv, max_seq_len, D]; slots, kv_lens: [B] int64
-    (every kv_lens[b] >= 1). `num_splits` defaults to `num_kv_splits(...)`; `static` makes the
-    PyTorch path sync-free (the Triton path always is). Any strides with a contiguous head_dim work,
-    so a token-major cache [num_slots, max_seq_len, Hkv, D] can be passed as a permuted view.
+    q: [B, Hq, D]; k_cache, v_cache: pools [num_pages + 1, Hkv, page_size, D] (any strides with a contiguous
+    head_dim: token-major storage [num_pages + 1, page_size, Hkv, D] passed as `.transpose(1, 2)`); slots, kv_lens:
+    [B] int64 (every kv_lens[b] >= 1); block_table: [num_slots, pages_per_seq] int32, token p of slot s in page
+    block_table[s, p // page_size], row p % page_size (entries past a row's kv_lens are never read). `num_splits`
+    defaults to `num_kv_splits(...)` over pages_per_seq * page_size keys; `static` makes the PyTorch path sync-free
+    (the Triton path always is).
 
     `merge_early` (Triton, under PDL): the merge kernel lets the next kernel launch right after its wait instead
     of as it exits, so the O projection's programs load their first weight tiles while the merge runs: a choice per
@@ -102,8 +107,8 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
     `early_keys` (Triton, under PDL): each split program loads its first tile of keys and values before waiting for
     the kernel before it, and reads only each row's newest key again after the wait. The caller promises what a
     decode step's layer holds to: of the keys attended, only each row's newest was written by that kernel, and it
-    lets this one launch only after its own wait (so every earlier kernel, and the inputs slots and kv_lens, are
-    done); the other keys were written by earlier steps.
+    lets this one launch only after its own wait (so every earlier kernel, and the inputs slots, block_table and
+    kv_lens, are done); the other keys were written by earlier steps.
 
     `split_early` (Triton, under PDL): the split kernel lets the merge kernel launch as it starts, so the merge's
     programs wait resident instead of launching once the last split program exits (a choice per model too).
@@ -113,10 +118,10 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
     `split_warps` and `merge_warps` the split and merge kernels' warps (each one of `dispatch.WARPS`).
     """
     if not use_triton(q, impl):
-        return decode_attention_torch(q, k_cache, v_cache, slots, kv_lens + lens_offset if lens_offset else kv_lens,
-                                      static)
-    return _launch(q, k_cache, v_cache, slots, kv_lens, num_splits, None, merge_early, lens_offset, early_keys,
-                   split_early, kv_block, split_warps, merge_warps)
+        return decode_attention_torch(q, k_cache, v_cache, slots, block_table,
+                                      kv_lens + lens_offset if lens_offset else kv_lens, static)
+    return _launch(q, k_cache, v_cache, slots, block_table, kv_lens, num_splits, None, merge_early, lens_offset,
+                   early_keys, split_early, kv_block, split_warps, merge_warps)
 
 
 def rope_cache_attention(q: Tensor, k: Tensor, v: Tensor, kv: KVWrite, kv_lens: Tensor, eps: float = 0.0,
@@ -124,21 +129,21 @@ def rope_cache_attention(q: Tensor, k: Tensor, v: Tensor, kv: KVWrite, kv_lens: 
                          kv_block: int | None = None, split_warps: int = 4) -> Tensor:
     """`rope_and_cache` then `decode_attention`, in one Triton kernel: q and the new k are q/k-normed (with
     `eps`) and rotated in registers, the program whose key slice holds the new position writes k and v into
-    `kv`'s caches before reading them, and the last split of each KV head to finish merges the splits.
-    Returns [B, Hq, D].
+    `kv`'s caches (at the position's page and row) before reading them, and the last split of each KV head to
+    finish merges the splits. Returns [B, Hq, D].
 
     q: [B, Hq, D], k, v: [B, Hkv, D], not rotated (strided views of a fused QKV output are fine); kv_lens:
     positions + 1. `kv_block`, `split_warps`: as `decode_attention`'s.
     """
     if not use_triton(q, impl):
         q = rope_into(q, k, v, kv, eps, impl="torch")
-        return decode_attention_torch(q, kv.k_cache, kv.v_cache, kv.slots, kv_lens, static)
-    return _launch(q, kv.k_cache, kv.v_cache, kv.slots, kv_lens, num_splits, (k, v, kv, eps),
+        return decode_attention_torch(q, kv.k_cache, kv.v_cache, kv.slots, kv.block_table, kv_lens, static)
+    return _launch(q, kv.k_cache, kv.v_cache, kv.slots, kv.block_table, kv_lens, num_splits, (k, v, kv, eps),
                    kv_block=kv_block, split_warps=split_warps)
 
 
-def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor, num_splits: int | None,
-            new: tuple[Tensor, Tensor, KVWrite, float] | None, merge_early: bool = False,
+def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, block_table: Tensor, kv_lens: Tensor,
+            num_splits: int | None, new: tuple[Tensor, Tensor, KVWrite, float] | None, merge_early: bool = False,
             lens_offset: int = 0, early_keys: bool = False, split_early: bool = False, kv_block: int | None = None,
             split_warps: int = 4, merge_warps: int = 1) -> Tensor:
     """The Triton path: split kernel + merge kernel, or (`new`: the new token's k, v, where they go, the q/k norms'
@@ -146,9 +151,10 @@ def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens:
     from athanor.kernels.jit.attention import decode_attention_merge_kernel, decode_attention_split_kernel
 
     b, hq, d = q.shape
-    hkv, max_len = k_cache.shape[1], k_cache.shape[2]
+    hkv, page_size = k_cache.shape[1], k_cache.shape[2]
+    max_len = block_table.shape[1] * page_size
     assert d == next_pow2(d) and q.stride(2) == 1 and k_cache.stride(3) == 1
-    assert k_cache.stride() == v_cache.stride()
+    assert k_cache.stride() == v_cache.stride() and v_cache.shape[2] == page_size and block_table.stride(1) == 1
     group = hq // hkv
     # Checked before any launch: a bad value launches nothing.
     block_n = _kv_block(kv_block, b, hkv, max_len, q.device)
@@ -173,13 +179,14 @@ def _launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens:
         fused = (q, q, q, q, slots, q, q, 0.0)  # stand-ins: unread without ROPE
         new_strides = (0, 0, 0, 0)
     decode_attention_split_kernel[(b, hkv, splits)](
-        q, k_cache, v_cache, slots, kv_lens, o_part, lse_part, out, tickets(q.device), *fused,
+        q, k_cache, v_cache, slots, block_table, kv_lens, o_part, lse_part, out, tickets(q.device), *fused,
         q.stride(0), q.stride(1), *new_strides, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_table.stride(0),
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
         out.stride(0), out.stride(1), d**-0.5,
         GROUP=group, NUM_SPLITS=splits, HEAD_DIM=d, BLOCK_G=max(16, next_pow2(group)), BLOCK_N=block_n,
         BLOCK_H=next_pow2(group), BLOCK_S=next_pow2(splits), S_CHUNK=_merge_chunk(next_pow2(group), splits, d),
-        ROPE=new is not None, QK_NORM=norms, MERGE=new is not None, LENS_OFFSET=lens_offset,
+        PAGE_SIZE=page_size, ROPE=new is not None, QK_NORM=norms, MERGE=new is not None, LENS_OFFSET=lens_offset,
         EARLY_KEYS=early_keys and new is None, TRIGGER=split_early and new is None, num_warps=split_warps, **pdl(q),
     )
     if new is None:

@@ -5,10 +5,11 @@ batched matmuls (3 x 64 x L a row for SmolLM2) and SDPA's CPU flash kernel read 
 the bandwidth a plain sum over the same views reaches. Inductor's flex-attention template reads each key
 and value once in a fused loop with an online softmax, faster than the per-row views (`per_seq_attention`).
 
-It attends over the same views as `decode_attention_per_seq` (nothing gathered), with the rows'
-lengths as a score mask, and falls back to it where those views do not apply. Compiled once per
-process with dynamic shapes (batch size 1 is specialised: a second compile); not graph-safe (the
-views are chosen on the host).
+It attends over the same batched views of the paged pool as `decode_attention_per_seq` (nothing
+gathered), with the rows' lengths as a score mask, and falls back to its row-at-a-time path where
+those views do not apply (pages not consecutive, a head-major pool). Compiled once per process with
+dynamic shapes (batch size 1 is specialised: a second compile); not graph-safe (the views are
+chosen on the host, from the block table).
 
 Heads narrower than `MIN_HEAD_DIM` take the fallback too: with torch 2.13 (CPU), the compiled flex
 attention of 16-wide heads returns wrong rows whenever the keys number 8 modulo 16 (8, 24, 40, ...);
@@ -43,11 +44,12 @@ def _compiled() -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
     return torch.compile(_attend, dynamic=True)  # flex attention runs fused only when compiled
 
 
-def decode_attention_flex(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor) -> Tensor:
+def decode_attention_flex(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, block_table: Tensor,
+                          kv_lens: Tensor) -> Tensor:
     """Grouped-query decode attention, as `decode_attention_per_seq` (same arguments). Returns [B, Hq, D]."""
     rows, lens = slots.tolist(), kv_lens.tolist()
-    views = batch_views(k_cache, v_cache, rows, lens) if q.shape[-1] >= MIN_HEAD_DIM else None
+    views = batch_views(k_cache, v_cache, block_table, rows, lens) if q.shape[-1] >= MIN_HEAD_DIM else None
     if views is None:
-        return attend_rows(q, k_cache, v_cache, rows, lens)
+        return attend_rows(q, k_cache, v_cache, block_table, rows, lens)
     keys, values = views
     return _compiled()(q[:, :, None], keys, values, kv_lens)[:, :, 0]

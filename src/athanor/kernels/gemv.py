@@ -163,7 +163,8 @@ def qkv_rope_cache(h: Tensor, w: Tensor, bias: Tensor | None, norm_weight: Tenso
                    evict_first: bool = False) -> Tensor:
     """The decode step's attention input for <= 8 rows in one kernel: q, k, v = rms_norm(h) @ w.T (+ bias)
     (w: the fused [(Hq + 2 Hkv) * D, H] QKV weight), then what `rope_and_cache` does: q and k q/k-normed
-    (when the cache carries the norms) and rotated, k and v written into the cache. Returns q [M, Hq, D],
+    (when the cache carries the norms) and rotated, k and v written into the cache (at each position's page of
+    `cache.block_table`). Returns q [M, Hq, D],
     rotated (a view of the QKV output: row stride (Hq + 2 Hkv) * D).
 
     In Triton the last strip of each head to be written rotates the head (a ticket per head, as split-K's),
@@ -189,19 +190,20 @@ def qkv_rope_cache(h: Tensor, w: Tensor, bias: Tensor | None, norm_weight: Tenso
 
     assert w.stride(1) == 1 and h.stride(1) == 1 and cache.cos.is_contiguous() and cache.sin.is_contiguous()
     assert cache.k_cache.stride() == cache.v_cache.stride() and cache.k_cache.stride(3) == 1
+    assert cache.v_cache.shape[2] == cache.k_cache.shape[2]
     y = torch.empty((m, n), dtype=h.dtype, device=h.device)
     norms = cache.q_norm is not None and cache.k_norm is not None
-    c = cache.k_cache
+    c, table = cache.k_cache, cache.block_table
     args = (h, w, bias if bias is not None else w, norm_weight, y, _workspace(m, n, h.device), tickets(h.device),
-            cache.cos, cache.sin, cache.positions, cache.slots, c, cache.v_cache,
+            cache.cos, cache.sin, cache.positions, cache.slots, table, c, cache.v_cache,
             cache.q_norm if norms else cache.cos, cache.k_norm if norms else cache.cos,
             gather[0] if gather else cache.positions, gather[1] if gather else y,
             m, n, k, eps, h.stride(0), w.stride(0), y.stride(0), c.stride(0), c.stride(1), c.stride(2),
-            num_heads, num_kv)
+            table.stride(0), num_heads, num_kv)
     if m:
         _launch(fused_gemv_rope_kernel, fused_gemv_rope_tuned, args,
-                {"HEAD_DIM": d, "QK_NORM": norms, "BIAS": bias is not None, "GATHER": gather is not None}, m, n, k,
-                early=False, evict_first=evict_first)
+                {"HEAD_DIM": d, "PAGE_SIZE": c.shape[2], "QK_NORM": norms, "BIAS": bias is not None,
+                 "GATHER": gather is not None}, m, n, k, early=False, evict_first=evict_first)
     return y.view(m, num_heads + 2 * num_kv, d)[:, :num_heads]
 
 

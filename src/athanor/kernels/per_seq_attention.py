@@ -1,16 +1,19 @@
 """Decode attention one sequence at a time over views of its own cached keys and values (PyTorch).
 
-The batched fallback (`attention.decode_attention_torch`) gathers every row's cache up to the
-longest context with `index_select`: a copy of B x L x heads x D per layer, read twice more by
-the two matmuls. Slicing `k_cache[slot, :, :len]` is a view, so this reads each sequence's keys
-once and only up to its own length. It loops over the batch on the host (`.tolist()`), so it is
-not CUDA-graph safe: it is the CPU's answer, where there are no graphs and memory traffic is
-everything (several times faster per layer than the gather at batch 8-32 and contexts of thousands).
+The batched fallback (`attention.decode_attention_torch`) gathers every row's pages up to the
+longest context: a copy of B x L x heads x D per layer, read twice more by the two matmuls. Where
+a sequence's pages are consecutive and the pool is token-major (`paging.merges_pages`), its keys
+are a view of the pool, so this reads each sequence's keys once and only up to its own length;
+elsewhere it gathers that sequence's own pages (`paging.gather_pages`). It loops over the batch on
+the host (`.tolist()`) and reads the block table there, so it is not CUDA-graph safe: it is the
+CPU's answer, where there are no graphs and memory traffic is everything (several times faster
+per layer than the gather at batch 8-32 and contexts of thousands).
 
-When the rows' slots are consecutive (an engine hands slots out in order) the cache rows
-`k_cache[s0:s0 + B, :, :L]` are themselves a view, so the whole batch attends in three batched
-ops instead of a Python loop of five per row — provided the longest context L wastes little on
-the shorter ones (at most `MAX_PADDING` of the keys read are masked out).
+When every row's pages continue the row before's at one fixed distance (an engine that hands out
+slots and pages in order: slot s's pages start at p0 + s * pages_per_seq) the rows' keys are
+themselves one strided view [B, Hkv, L, D] of the pool, so the whole batch attends in three
+batched ops instead of a Python loop of five per row — provided the longest context L wastes
+little on the shorter ones (at most `MAX_PADDING` of the keys read are masked out).
 """
 
 from __future__ import annotations
@@ -18,44 +21,76 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from athanor.model.reference import decode_attention
+from athanor.kernels.dispatch import cdiv
+from athanor.kernels.paging import merges_pages, page_runs, run_view
+from athanor.model.reference import decode_attention, gather_pages
 
 MAX_PADDING = 0.25
 """Largest share of masked-out keys the batched view path may read (else: one row at a time)."""
 
 
-def decode_attention_per_seq(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, kv_lens: Tensor) -> Tensor:
+def decode_attention_per_seq(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, block_table: Tensor,
+                             kv_lens: Tensor) -> Tensor:
     """Grouped-query decode attention. Returns [B, Hq, D].
 
-    q: [B, Hq, D]; k_cache, v_cache: [slots, Hkv, max_seq_len, D] (any strides); slots, kv_lens: [B] int64.
+    q: [B, Hq, D]; k_cache, v_cache: pools [num_pages + 1, Hkv, page_size, D] (any strides with a contiguous D);
+    block_table: [num_slots, pages_per_seq] int32 (token p of slot s in page block_table[s, p // page_size], row
+    p % page_size); slots, kv_lens: [B] int64.
     """
     b, hq, d = q.shape
     rows, lens = slots.tolist(), kv_lens.tolist()
-    views = batch_views(k_cache, v_cache, rows, lens) if b > 1 else None
+    views = batch_views(k_cache, v_cache, block_table, rows, lens) if b > 1 else None
     if views is not None:
         keys, values = views
         mask = torch.arange(keys.shape[2], device=q.device)[None, :] < kv_lens[:, None]
         return decode_attention(q, keys, values, mask).view(b, hq, d)
-    return attend_rows(q, k_cache, v_cache, rows, lens)
+    return attend_rows(q, k_cache, v_cache, block_table, rows, lens)
 
 
-def batch_views(k_cache: Tensor, v_cache: Tensor, rows: list[int], lens: list[int]) -> tuple[Tensor, Tensor] | None:
-    """The batch's keys and values [B, Hkv, L, D] as views of the caches (rows: the slots, lens: their
-    contexts, both read to the host once by the caller; L: the longest context), or None where that would not
-    pay: slots not consecutive, or more than `MAX_PADDING` of the keys masked out."""
+def batch_views(k_cache: Tensor, v_cache: Tensor, block_table: Tensor, rows: list[int], lens: list[int]
+                ) -> tuple[Tensor, Tensor] | None:
+    """The batch's keys and values [B, Hkv, L, D] as views of the pools (rows: the slots, lens: their contexts,
+    both read to the host once by the caller; L: the longest context), or None where there is no such view or it
+    would not pay: a layout whose pages do not merge, a row whose pages are not consecutive, rows not each a fixed
+    number of pages past the one before, or more than `MAX_PADDING` of the keys masked out."""
     b, longest = len(rows), max(lens, default=0)
-    if b and rows == list(range(rows[0], rows[0] + b)) and b * longest * (1 - MAX_PADDING) <= sum(lens):
-        return k_cache[rows[0]:rows[0] + b, :, :longest], v_cache[rows[0]:rows[0] + b, :, :longest]
-    return None
+    if not b or b * longest * (1 - MAX_PADDING) > sum(lens) or not (merges_pages(k_cache) and merges_pages(v_cache)):
+        return None
+    page_size = k_cache.shape[2]
+    firsts = [f for f in page_runs(block_table, rows, lens, page_size) if f is not None]
+    if len(firsts) < b:
+        return None
+    first, pages = firsts[0], cdiv(longest, page_size)
+    step = firsts[1] - first if b > 1 else pages  # pages from one row's start to the next
+    if step < 0 or any(f != first + i * step for i, f in enumerate(firsts)):
+        return None
+    if first + (b - 1) * step + pages > k_cache.shape[0]:  # the longest row's masked keys would run past the pool
+        return None
+    return _rows_view(k_cache, first, step, b, longest), _rows_view(v_cache, first, step, b, longest)
 
 
-def attend_rows(q: Tensor, k_cache: Tensor, v_cache: Tensor, rows: list[int], lens: list[int]) -> Tensor:
-    """One row at a time over its own cache views (five small ops a row)."""
+def _rows_view(cache: Tensor, first: int, step: int, b: int, length: int) -> Tensor:
+    """[B, Hkv, length, D]: row i the `length` tokens from page first + i * step of a pool that merges pages."""
+    _, hkv, _, d = cache.shape
+    strides = (step * cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3))
+    return cache.as_strided((b, hkv, length, d), strides, cache.storage_offset() + first * cache.stride(0))
+
+
+def attend_rows(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, rows: list[int], lens: list[int]
+                ) -> Tensor:
+    """One row at a time (five small ops a row) over views of its keys where its pages are consecutive in a pool that
+    merges pages, else over its own pages gathered."""
     _, hq, d = q.shape
-    hkv = k_cache.shape[1]
+    hkv, page_size = k_cache.shape[1], k_cache.shape[2]
+    views = merges_pages(k_cache) and merges_pages(v_cache)
+    firsts = page_runs(block_table, rows, lens, page_size) if views else [None] * len(rows)
     out = torch.empty_like(q)
-    for row, (slot, n) in enumerate(zip(rows, lens)):
-        keys, values = k_cache[slot, :, :n], v_cache[slot, :, :n]  # [Hkv, n, D] views
+    for row, (slot, n, first) in enumerate(zip(rows, lens, firsts, strict=True)):
+        if first is not None:
+            keys, values = run_view(k_cache, first, n), run_view(v_cache, first, n)  # [Hkv, n, D] views
+        else:
+            pages = block_table[slot, :cdiv(n, page_size)][None]
+            keys, values = gather_pages(k_cache, pages)[0, :, :n], gather_pages(v_cache, pages)[0, :, :n]
         qg = q[row].view(hkv, hq // hkv, d)  # query heads sharing one KV head are adjacent
         scores = (qg @ keys.transpose(-1, -2)).float() * d**-0.5  # [Hkv, G, n]
         probs = torch.softmax(scores, dim=-1).to(values.dtype)

@@ -1,5 +1,8 @@
 """Rotary position embedding (HF rotate-half layout, as `reference.apply_rope`), and its fusion
-with the decode step's KV-cache write (one kernel instead of rope + two scatter copies)."""
+with the decode step's KV-cache write (one kernel instead of rope + two scatter copies).
+
+The cache is paged (`kernels.paging`): the key of position p of slot s goes to row p % page_size of page
+block_table[s, p // page_size] of the pool [num_pages + 1, Hkv, page_size, D]."""
 
 from __future__ import annotations
 
@@ -15,13 +18,16 @@ from athanor.kernels.norm import rms_norm_torch
 @dataclass(frozen=True)
 class KVWrite:
     """Where a decode step's new keys and values go, and how q and k are rotated on the way: cos, sin
-    [max_seq_len, D] tables; positions, slots [N] int64; k_cache, v_cache [num_slots, Hkv, max_seq_len, D]
-    (any strides with a contiguous D); q_norm, k_norm: Qwen3's per-head RMSNorm weights [D], or None."""
+    [max_seq_len, D] tables; positions, slots [N] int64; block_table [num_slots, pages_per_seq] int32 (position p of
+    slot s: page block_table[s, p // page_size], row p % page_size); k_cache, v_cache pools
+    [num_pages + 1, Hkv, page_size, D] (any strides with a contiguous D); q_norm, k_norm: Qwen3's per-head RMSNorm
+    weights [D], or None."""
 
     cos: Tensor
     sin: Tensor
     positions: Tensor
     slots: Tensor
+    block_table: Tensor
     k_cache: Tensor
     v_cache: Tensor
     q_norm: Tensor | None = None
@@ -50,39 +56,44 @@ def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, impl
         return _apply(q, c, s), _apply(k, c, s)
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    _launch(q, k, k, cos, sin, positions, positions, q_out, k_out, None, None)
+    _launch(q, k, k, cos, sin, positions, positions, positions, q_out, k_out, None, None)
     return q_out, k_out
 
 
 def rope_and_cache(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, slots: Tensor,
-                   k_cache: Tensor, v_cache: Tensor, impl: Impl = None, q_norm: Tensor | None = None,
-                   k_norm: Tensor | None = None, eps: float = 0.0) -> Tensor:
-    """Rotated q; writes rotated k and v into the caches at [slot, :, position].
+                   block_table: Tensor, k_cache: Tensor, v_cache: Tensor, impl: Impl = None,
+                   q_norm: Tensor | None = None, k_norm: Tensor | None = None, eps: float = 0.0) -> Tensor:
+    """Rotated q; writes rotated k and v into the caches at [page, :, row], the position's page
+    block_table[slot, position // page_size] and row position % page_size.
 
-    q: [N, Hq, D]; k, v: [N, Hkv, D]; k_cache, v_cache: [num_slots, Hkv, max_seq_len, D];
-    positions, slots: [N] int64. With q_norm and k_norm ([D], Qwen3's per-head RMSNorm), q and k are
-    normed first, in the same kernel, rounded as `rms_norm` rounds.
+    q: [N, Hq, D]; k, v: [N, Hkv, D]; k_cache, v_cache: pools [num_pages + 1, Hkv, page_size, D] (any strides with
+    a contiguous D); block_table: [num_slots, pages_per_seq] int32; positions, slots: [N] int64. With q_norm and
+    k_norm ([D], Qwen3's per-head RMSNorm), q and k are normed first, in the same kernel, rounded as `rms_norm`
+    rounds.
     """
     if not use_triton(q, impl):
         if q_norm is not None and k_norm is not None:
             q, k = rms_norm_torch(q, q_norm, eps), rms_norm_torch(k, k_norm, eps)
         q, k = rope(q, k, cos, sin, positions, impl="torch")
-        k_cache[slots, :, positions] = k
-        v_cache[slots, :, positions] = v
+        page_size = k_cache.shape[2]
+        pages = block_table[slots, positions // page_size].long()
+        rows = positions % page_size
+        k_cache[pages, :, rows] = k
+        v_cache[pages, :, rows] = v
         return q
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    _launch(q, k, v, cos, sin, positions, slots, q_out, q_out, k_cache, v_cache, q_norm, k_norm, eps)
+    _launch(q, k, v, cos, sin, positions, slots, block_table, q_out, q_out, k_cache, v_cache, q_norm, k_norm, eps)
     return q_out
 
 
 def rope_into(q: Tensor, k: Tensor, v: Tensor, kv: KVWrite, eps: float = 0.0, impl: Impl = None) -> Tensor:
     """`rope_and_cache` with the destination, tables and norms of one `KVWrite`: rotated q."""
-    return rope_and_cache(q, k, v, kv.cos, kv.sin, kv.positions, kv.slots, kv.k_cache, kv.v_cache, impl=impl,
-                          q_norm=kv.q_norm, k_norm=kv.k_norm, eps=eps)
+    return rope_and_cache(q, k, v, kv.cos, kv.sin, kv.positions, kv.slots, kv.block_table, kv.k_cache, kv.v_cache,
+                          impl=impl, q_norm=kv.q_norm, k_norm=kv.k_norm, eps=eps)
 
 
 def _launch(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, slots: Tensor,
-            q_out: Tensor, k_out: Tensor, k_cache: Tensor | None, v_cache: Tensor | None,
+            block_table: Tensor, q_out: Tensor, k_out: Tensor, k_cache: Tensor | None, v_cache: Tensor | None,
             q_norm: Tensor | None = None, k_norm: Tensor | None = None, eps: float = 0.0) -> None:
     from athanor.kernels.jit.rope import rope_kernel
 
@@ -93,15 +104,15 @@ def _launch(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, positions
     write = k_cache is not None
     kc = k_cache if k_cache is not None else q_out
     vc = v_cache if v_cache is not None else q_out
-    c_strides = (kc.stride(0), kc.stride(1), kc.stride(2)) if write else (0, 0, 0)
+    c_strides = (kc.stride(0), kc.stride(1), kc.stride(2), block_table.stride(0)) if write else (0, 0, 0, 0)
     if write:
-        assert v_cache is not None and v_cache.stride()[:3] == kc.stride()[:3]
+        assert v_cache is not None and v_cache.stride()[:3] == kc.stride()[:3] and v_cache.shape[2] == kc.shape[2]
     if n:
         norms = q_norm is not None and k_norm is not None
         rope_kernel[(n, hq + hkv)](
-            q, k, v, cos, sin, positions, slots, q_out, k_out, kc, vc,
+            q, k, v, cos, sin, positions, slots, block_table, q_out, k_out, kc, vc,
             q_norm if q_norm is not None else cos, k_norm if k_norm is not None else cos, eps,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1), *c_strides,
-            hq, HEAD_DIM=d, WRITE_CACHE=write, QK_NORM=norms, **pdl(q),
+            hq, HEAD_DIM=d, PAGE_SIZE=kc.shape[2] if write else 1, WRITE_CACHE=write, QK_NORM=norms, **pdl(q),
         )

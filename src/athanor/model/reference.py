@@ -2,12 +2,14 @@
 
 Readable PyTorch for the dense Llama/Qwen family and its MoE cousins, following the
 candidate seam (docs/architecture.md): `build(model, ctx)` returns a `Forward` with `prefill` and
-`decode` over per-sequence slots, each slot with its own KV cache. Every speedup athanor
+`decode` over per-sequence slots, whose tokens' keys and values live in the pages of a KV pool that
+the engine's block table assigns (`ctx.block_table`). Every speedup athanor
 reports is measured against this file, and `athanor candidate new` writes it out as the
 starting point an agent or a person edits.
 
-KV cache layout: per layer, k and v of shape [max_seqs + 1, num_kv_heads, max_seq_len, head_dim]
-in the model's dtype; row `max_seqs` is the padding slot.
+KV pool layout: per layer, k and v of shape [num_pages + 1, num_kv_heads, page_size, head_dim] in the
+model's dtype; page `num_pages` is scratch. Token p of slot s sits in page block_table[s, p // page_size],
+row p % page_size.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from athanor.model import BuildContext, DecodeBatch, Model, PrefillBatch
 from athanor.model.spec import ModelSpec
+
+SEAM_VERSION = 2
+"""The candidate seam this file follows (`athanor.model.seam.SEAM_VERSION`)."""
 
 PREFILL_SDPA = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 """Prefill attention's backends in priority order, without cuDNN's (only CUDA has it). Left to
@@ -87,9 +92,10 @@ class ReferenceForward:
         emb = torch.cat((freqs, freqs), dim=-1)  # [max_seq_len, D]
         self.cos = emb.cos().to(device=ctx.device, dtype=ctx.dtype)
         self.sin = emb.sin().to(device=ctx.device, dtype=ctx.dtype)
-        cache_shape = (ctx.max_seqs + 1, spec.num_kv_heads, ctx.max_seq_len, spec.head_dim)
-        self.k_cache = [ctx.allocate(cache_shape) for _ in range(spec.num_layers)]
-        self.v_cache = [ctx.allocate(cache_shape) for _ in range(spec.num_layers)]
+        pool_shape = (ctx.num_pages + 1, spec.num_kv_heads, ctx.page_size, spec.head_dim)
+        self.k_cache = [ctx.allocate(pool_shape) for _ in range(spec.num_layers)]
+        self.v_cache = [ctx.allocate(pool_shape) for _ in range(spec.num_layers)]
+        self.block_table = ctx.table
         self.routing_observer: Callable[[int, Tensor], None] | None = None
         """Called with (layer, topk_ids [N, top_k]) on every MoE layer; the engine records routing with it."""
 
@@ -153,13 +159,14 @@ class ReferenceForward:
         eps = spec.rms_norm_eps
         extent = prefill_extent(batch.cu_seqlens, batch.seq_lens)
         token_slots = token_rows(batch.cu_seqlens, batch.slots, batch.tokens.shape[0])
+        pages, rows = token_pages(self.block_table, token_slots, batch.positions, self.ctx.page_size)
         x = F.embedding(batch.tokens, m.get("embed"))  # [T, H]
         for i in range(spec.num_layers):
             q, k, v = self._qkv(i, rms_norm(x, m.layer(i, "attn_norm"), eps), batch.positions)
-            self.k_cache[i][token_slots, :, batch.positions] = k
-            self.v_cache[i][token_slots, :, batch.positions] = v
+            self.k_cache[i][pages, :, rows] = k
+            self.v_cache[i][pages, :, rows] = v
             out = prefill_attention(q, self.k_cache[i], self.v_cache[i], batch.cu_seqlens, batch.slots,
-                                    batch.seq_lens, extent)
+                                    self.block_table, batch.seq_lens, extent)
             x = x + F.linear(out.flatten(1), m.layer(i, "wo"))
             x = x + self._mlp(i, rms_norm(x, m.layer(i, "mlp_norm"), eps))
         last = batch.cu_seqlens[1:] - 1
@@ -170,17 +177,17 @@ class ReferenceForward:
         eps = spec.rms_norm_eps
         positions, slots = batch.positions, batch.slots
         # Eagerly, attend only over the longest live context; under CUDA-graph capture the
-        # shape must be static, so attend over the whole cache with a mask.
+        # shape must be static, so attend over every page a slot may hold, with a mask.
         kv_len = self.ctx.max_seq_len if is_capturing(positions) else int(positions.max()) + 1
-        mask = torch.arange(kv_len, device=positions.device)[None, :] <= positions[:, None]  # [B, kv_len]
+        table = slot_pages(self.block_table, slots, kv_len, self.ctx.page_size)  # [B, pages]
+        mask = torch.arange(table.shape[1] * self.ctx.page_size, device=positions.device)[None, :] <= positions[:, None]
+        pages, rows = token_pages(self.block_table, slots, positions, self.ctx.page_size)
         x = F.embedding(batch.tokens, m.get("embed"))  # [B, H]
         for i in range(spec.num_layers):
             q, k, v = self._qkv(i, rms_norm(x, m.layer(i, "attn_norm"), eps), positions)
-            self.k_cache[i][slots, :, positions] = k
-            self.v_cache[i][slots, :, positions] = v
-            # Slice before gathering: advanced indexing of [slots, :, :kv_len] is far slower on CPU.
-            keys = self.k_cache[i][:, :, :kv_len].index_select(0, slots)  # [B, Hkv, kv_len, D]
-            values = self.v_cache[i][:, :, :kv_len].index_select(0, slots)
+            self.k_cache[i][pages, :, rows] = k
+            self.v_cache[i][pages, :, rows] = v
+            keys, values = gather_pages(self.k_cache[i], table), gather_pages(self.v_cache[i], table)
             x = x + F.linear(decode_attention(q, keys, values, mask), m.layer(i, "wo"))
             x = x + self._mlp(i, rms_norm(x, m.layer(i, "mlp_norm"), eps))
         return self._logits(x)
@@ -199,6 +206,24 @@ def decode_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> T
     scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(values.dtype)
     return (probs @ values).reshape(b, hq * d)
+
+
+def token_pages(block_table: Tensor, slots: Tensor, positions: Tensor, page_size: int) -> tuple[Tensor, Tensor]:
+    """Where token positions[n] of slot slots[n] lives: (its page [N] int64, its row in the page [N])."""
+    return block_table[slots, positions // page_size].long(), positions % page_size
+
+
+def slot_pages(block_table: Tensor, slots: Tensor, num_tokens: int, page_size: int) -> Tensor:
+    """The pages [B, ceil(num_tokens / page_size)] int64 holding the first `num_tokens` tokens of each slot."""
+    return block_table.index_select(0, slots)[:, :-(-num_tokens // page_size)].long()
+
+
+def gather_pages(pool: Tensor, pages: Tensor) -> Tensor:
+    """The keys (or values) of `pages` [B, P] of a pool indexed [pages, Hkv, page_size, D], each row's pages as one
+    sequence: [B, Hkv, P * page_size, D], in one copy whichever way the pool is laid out in memory."""
+    if pool.stride(0) == pool.shape[2] * pool.stride(2):  # token-major storage: a page's rows run into the next's
+        return pool[pages].transpose(1, 2).flatten(2, 3)
+    return pool.transpose(0, 1)[:, pages].transpose(0, 1).flatten(2, 3)
 
 
 def token_rows(cu_seqlens: Tensor, per_seq: Tensor, num_tokens: int) -> Tensor:
@@ -224,20 +249,22 @@ def prefill_extent(cu_seqlens: Tensor, starts: Tensor) -> PrefillExtent:
 
 
 def prefill_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens: Tensor, slots: Tensor,
-                      starts: Tensor, extent: PrefillExtent) -> Tensor:
+                      block_table: Tensor, starts: Tensor, extent: PrefillExtent) -> Tensor:
     """Causal attention of a packed prefill's queries over their slots' cached keys, which already hold the new
     ones: query j of sequence b sits at position starts[b] + j and sees keys 0..starts[b] + j. Returns [T, Hq, D].
 
-    q: [T, Hq, D] packed by cu_seqlens [B+1]; k_cache, v_cache: [slots, Hkv, max_seq_len, D]; slots, starts: [B];
-    extent: `prefill_extent(cu_seqlens, starts)`. All sequences go through one scaled_dot_product_attention: a lone
+    q: [T, Hq, D] packed by cu_seqlens [B+1]; k_cache, v_cache: pools [pages, Hkv, page_size, D]; slots, starts:
+    [B]; block_table: the engine's [slots, pages_per_seq]; extent: `prefill_extent(cu_seqlens, starts)`. Each
+    slot's keys are gathered from its pages, then all sequences go through one scaled_dot_product_attention: a lone
     sequence with lower-right causal alignment (flash attention, nothing materialised), several padded to the
     longest one's queries with a mask of which keys each position sees.
     """
     t, hq, d = q.shape
     b = slots.shape[0]
     max_new, kv_len = extent.max_new, extent.kv_len
-    keys = k_cache[:, :, :kv_len].index_select(0, slots)  # [B, Hkv, L, D]
-    values = v_cache[:, :, :kv_len].index_select(0, slots)
+    pages = slot_pages(block_table, slots, kv_len, k_cache.shape[2])
+    keys = gather_pages(k_cache, pages)[:, :, :kv_len]  # [B, Hkv, L, D]
+    values = gather_pages(v_cache, pages)[:, :, :kv_len]
     if b == 1:
         mask: Tensor | CausalBias = causal_lower_right(t, kv_len)
         return F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys, values, attn_mask=mask,

@@ -3,11 +3,14 @@
 Ownership (docs/architecture.md, "The candidate seam"):
 - The engine owns the static input buffers below (on the model's device), padding to
   batch-size buckets, CUDA-graph capture of `decode` and sampling.
-- The candidate owns its per-slot state (the KV cache) for `ctx.max_seqs` sequences of up
-  to `ctx.max_seq_len` tokens, allocated through `ctx.allocate` so the engine can account
-  for memory. Slot `ctx.max_seqs` is scratch: padding rows point there.
+- The engine owns the KV memory's *map*: the page size and `ctx.block_table`, which says which
+  page of the pool holds each slot's tokens (token p of slot s: page `block_table[s, p // page_size]`,
+  row `p % page_size`). It changes the table between calls, never during one.
+- The candidate owns the pool itself (`ctx.num_pages + 1` pages of `ctx.page_size` tokens per layer,
+  the last one scratch), allocated through `ctx.allocate` so the engine can account for memory, and
+  the layout inside a page. Slot `ctx.max_seqs` is the padding rows': its table row is all scratch.
 
-A candidate file defines `build(model, ctx) -> Forward`.
+A candidate file defines `build(model, ctx) -> Forward` and declares `SEAM_VERSION = 2`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
+
+from athanor.seams import SEAM_VERSION as SEAM_VERSION
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,19 @@ class Layout:
     """Decode context-parallel degree (KV split across ranks)."""
 
 
+PAGE_SIZE = 16
+"""Tokens a KV page holds unless the engine is told otherwise: small enough that a sequence wastes under a page,
+and the unit in which prefixes are shared."""
+
+
+def identity_block_table(max_seqs: int, max_seq_len: int, page_size: int, device: torch.device | str) -> Tensor:
+    """A block table [max_seqs + 1, pages_per_seq] int32 giving every slot (the padding slot too) its own
+    consecutive pages for a whole `max_seq_len`: slot s holds pages s * pages_per_seq ... For callers that run a
+    forward without an engine (tools, tests); it needs `(max_seqs + 1) * pages_per_seq` pages."""
+    per_seq = -(-max_seq_len // page_size)
+    return torch.arange((max_seqs + 1) * per_seq, dtype=torch.int32, device=device).view(max_seqs + 1, per_seq)
+
+
 @dataclass
 class BuildContext:
     """What `build(model, ctx)` may use besides the weights."""
@@ -43,9 +61,18 @@ class BuildContext:
     device: torch.device
     dtype: torch.dtype
     max_seqs: int
-    """Number of real slots; slot `max_seqs` is the padding slot, so state has `max_seqs + 1` rows."""
+    """Number of real slots; slot `max_seqs` is the padding slot, so the block table has `max_seqs + 1` rows."""
     max_seq_len: int
     """Longest sequence (prompt + generated tokens) a slot can hold."""
+    page_size: int = PAGE_SIZE
+    """Tokens per KV page."""
+    num_pages: int = 0
+    """Pages in the pool, scratch not counted (the pool has `num_pages + 1`: page `num_pages` is scratch, where
+    the padding slot's rows and unused table entries point). 0: enough for every slot to hold `max_seq_len`
+    tokens, under `identity_block_table`."""
+    block_table: Tensor | None = None
+    """[max_seqs + 1, pages_per_seq] int32 on `device`, the engine's (None: `identity_block_table`). Candidates read
+    it at every call (the engine rewrites it in place between calls) and never write it."""
     rank: int = 0
     world_size: int = 1
     group: Any = None
@@ -55,6 +82,22 @@ class BuildContext:
     """The only directory a candidate may write to."""
     allocated_bytes: int = 0
     """Bytes handed out by `allocate` so far (the engine reads it for memory accounting)."""
+
+    def __post_init__(self) -> None:
+        if self.block_table is None:
+            self.block_table = identity_block_table(self.max_seqs, self.max_seq_len, self.page_size, self.device)
+            self.num_pages = self.num_pages or int(self.block_table.numel())
+
+    @property
+    def pages_per_seq(self) -> int:
+        """Entries of a block-table row: the pages a `max_seq_len` sequence spans."""
+        return -(-self.max_seq_len // self.page_size)
+
+    @property
+    def table(self) -> Tensor:
+        """`block_table`, typed as set (`__post_init__` fills it)."""
+        assert self.block_table is not None
+        return self.block_table
 
     def allocate(self, shape: tuple[int, ...], dtype: torch.dtype | None = None) -> Tensor:
         """A zeroed state tensor on the engine's device, counted against this candidate."""

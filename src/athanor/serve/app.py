@@ -53,6 +53,8 @@ class ServeOptions:
     max_seqs: int = 8
     """Concurrent sequences per resident candidate (KV slots)."""
     max_seq_len: int = 2048
+    kv_tokens: int = 0
+    """Each candidate's KV pool in tokens; 0: sized by the worker (`athanor.serve.worker.pool_pages`)."""
     """Context length: prompt plus generated tokens."""
     threads: int = 0
     """CPU threads of the worker (0: the engine's default)."""
@@ -123,8 +125,8 @@ class ServerState:
             run_dir = Path(self._tmp.name)
         sock = str(run_dir / "serve.sock")
         engine = EngineConfig(model=o.model, device=o.device, dtype=o.dtype, max_seqs=o.max_seqs,
-                              max_seq_len=o.max_seq_len, scratch_dir=str(run_dir / "scratch"), socket_path=sock,
-                              sandbox=SandboxConfig(enabled=o.sandbox), cpu_threads=o.threads)
+                              max_seq_len=o.max_seq_len, kv_pages=-(-o.kv_tokens // EngineConfig.page_size),
+                              scratch_dir=str(run_dir / "scratch"), socket_path=sock, sandbox=SandboxConfig(enabled=o.sandbox), cpu_threads=o.threads)
         config = WorkerConfig(engine, sock, o.candidate_dir, o.scheduler, o.canary)
         self.handle = WorkerHandle(config, run_dir, on_step=self.metrics.on_step, on_deployment=self.on_deployment)
         status = await self.handle.start()

@@ -20,6 +20,7 @@ from torch import Tensor
 from athanor.engine.candidate import format_exception
 from athanor.engine.core import Engine, Resident, exit_if_device_broken
 from athanor.engine.graphs import StepInputs, check_logits
+from athanor.engine.pages import write_pages
 from athanor.model import PrefillBatch
 from athanor.model.sampling import sample
 from athanor.serve.canary import Canary
@@ -130,6 +131,7 @@ class Executor:
         steps (the tokens, the bookkeeping, the report) overlaps the device's instead of idling it.
         The next `run` uses that step if its plan asks for exactly those rows at those positions;
         otherwise it is dropped (its cache writes are rewritten, or belong to a freed slot)."""
+        self._map_pages()
         ahead, self._ahead = self._ahead, None
         if ahead is not None and not self._continues(ahead, plan):
             ahead.done.synchronize()  # dropped: let it finish before anything can free what it uses
@@ -165,6 +167,15 @@ class Executor:
                 for chunk, token in zip(chunks, tokens.tolist()):
                     self.scheduler.complete(chunk, int(token))
         return failures
+
+    def _map_pages(self) -> None:
+        """Copy the scheduler's page assignments into each resident's block table, behind any step queued on the
+        device (stream order: a step queued before reads the table as it was when it was planned)."""
+        for cid, pool in self.scheduler.page_pools.items():
+            updates = pool.take_updates()
+            resident = self.engine.residents.get(cid)
+            if resident is not None:
+                write_pages(resident.ctx.table, updates)
 
     def settle(self) -> None:
         """Wait for a step queued ahead (before a candidate it may run on can be dropped)."""

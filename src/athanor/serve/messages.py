@@ -81,6 +81,8 @@ class StepReport:
     num_waiting: int
     num_running: int
     step_s: float
+    num_preempted: int = 0
+    """Sequences preempted (their pages taken back, to be recomputed) since the last report."""
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,8 @@ class ServeMetrics:
         self.generation_tokens = Counter("athanor_generation_tokens", "Generated tokens", registry=r)
         self.prefill_tokens = Counter("athanor_prefill_tokens", "Prompt tokens computed by prefill (the rest of "
                                       "athanor_prompt_tokens came from the prefix cache)", registry=r)
+        self.preemptions = Counter("athanor_num_preemptions", "Sequences whose KV pages were taken back when the "
+                                   "pool ran out (they recompute their tokens later)", registry=r)
         self.tokens_per_s = Gauge("athanor_generation_tokens_per_second",
                                   f"Generated tokens per second over the last {RATE_WINDOW_S:g}s", registry=r)
         self.requests = Counter("athanor_requests", "Finished requests by outcome", ["outcome"], registry=r)
@@ -52,6 +54,8 @@ class ServeMetrics:
                 self.max_batch_size.set(report.num_decode_rows)
         if report.num_prefill_tokens:
             self.prefill_tokens.inc(report.num_prefill_tokens)
+        if report.num_preempted:
+            self.preemptions.inc(report.num_preempted)
         self.queue_length.set(report.num_waiting)
         self.running.set(report.num_running)
         n = sum(len(o.tokens) for o in report.outputs)

@@ -13,6 +13,7 @@ A deploy builds the challenger beside the incumbent (`Engine.swap(keep_incumbent
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -52,7 +53,8 @@ class ServingLoop:
         """The front end's request key (`athanor.engine.auth`): a message whose MAC fails is dropped unread."""
         self.dropped = 0
         ec = config.engine
-        self.scheduler = Scheduler(config.scheduler, ec.max_seqs, ec.max_seq_len)
+        self.scheduler = Scheduler(config.scheduler, ec.max_seqs, ec.max_seq_len, ec.kv_pages, ec.page_size)
+        self._preemptions_reported = 0
         self.executor = Executor(engine, self.scheduler)
         self._unreported: tuple[int, int, list[Sequence], float] | None = None
         """The last step's report, not sent yet (see `_flush_report`)."""
@@ -289,7 +291,14 @@ class ServingLoop:
                 self.owner.pop(seq.request_id, None)
         for ident, outputs in by_owner.items():
             self.send(ident, m.StepReport(tuple(outputs), num_decode_rows, num_prefill_tokens,
-                                          len(self.scheduler.waiting), len(self.scheduler.running), seconds))
+                                          len(self.scheduler.waiting), len(self.scheduler.running), seconds,
+                                          self._take_preemptions()))
+
+    def _take_preemptions(self) -> int:
+        """Preemptions since the last report that carried them (each report goes to one front end's owner)."""
+        n = self.scheduler.num_preemptions - self._preemptions_reported
+        self._preemptions_reported = self.scheduler.num_preemptions
+        return n
 
     def run(self) -> None:
         idle_ms = self.config.scheduler.idle_poll_ms
@@ -309,6 +318,13 @@ def run_worker(config: WorkerConfig, key: bytes) -> int:
     engine = boot(config.engine, REPORT)
     import zmq
 
+    engine.config = dataclasses.replace(config.engine, kv_pages=pool_pages(engine))
+    config = dataclasses.replace(config, engine=engine.config)
+    if (capacity := config.engine.kv_pages * config.engine.page_size) < config.engine.max_seq_len:
+        log.error("--max-model-len %d: the KV pool holds %d tokens per candidate here, so one sequence could not "
+                  "fill its context; lower --max-model-len or give the pool more room (--kv-tokens, a larger GPU)",
+                  config.engine.max_seq_len, capacity)
+        return 1
     incumbent = load_candidate_dir(config.candidate_dir) if config.candidate_dir else baseline_candidate()
     reply = engine.swap(p.SwapRequest(incumbent))
     if reply.status != "ok":
@@ -327,12 +343,34 @@ def run_worker(config: WorkerConfig, key: bytes) -> int:
     sock.bind(f"ipc://{path}")
     exit_with_parent()
     cfg, state = config.engine, sum(r.ctx.allocated_bytes for r in engine.residents.values())
-    log.info("serving %s on %s; KV capacity %d sequences x %d tokens = %d tokens (%.2f GiB of candidate state)",
-             engine.active, path, cfg.max_seqs, cfg.max_seq_len, cfg.max_seqs * cfg.max_seq_len, state / 2**30)
+    log.info("serving %s on %s; KV pool %d tokens (%d pages of %d) per candidate, up to %d sequences of %d tokens "
+             "(%.2f GiB of candidate state)", engine.active, path, cfg.kv_pages * cfg.page_size, cfg.kv_pages,
+             cfg.page_size, cfg.max_seqs, cfg.max_seq_len, state / 2**30)
     ServingLoop(config, engine, sock, key).run()
     sock.close()
     ctx.term()
     return 0
+
+
+KV_RESERVE_SHARE = 0.1
+"""Of a GPU's memory, what the pool leaves free: the graphs' pool, a prefill step's activations, the allocator's
+slack (vLLM's gpu_memory_utilization of 0.9, the same margin)."""
+
+
+def pool_pages(engine: Engine) -> int:
+    """Pages in each resident's KV pool: `--kv-tokens`' where given; on a GPU, what its free memory holds after the
+    weights, less `KV_RESERVE_SHARE`, split between the residents a canary keeps (incumbent and challenger); on the
+    CPU, a whole context for every slot."""
+    import torch
+
+    cfg, spec = engine.config, engine.model.spec
+    if cfg.kv_pages > 0:
+        return cfg.kv_pages
+    if engine.device.type != "cuda":
+        return cfg.max_seqs * -(-cfg.max_seq_len // cfg.page_size)
+    free, total = torch.cuda.mem_get_info(engine.device)
+    page_bytes = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * cfg.page_size * engine.model.dtype.itemsize
+    return max(0, int(free - KV_RESERVE_SHARE * total)) // (page_bytes * cfg.max_resident)
 
 
 def main(argv: list[str] | None = None) -> int:

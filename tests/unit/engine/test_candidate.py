@@ -24,7 +24,7 @@ def test_manifest_hash_identifies_the_source() -> None:
 
 
 def test_import_under_unique_name_with_source_on_disk(tmp_path: Path) -> None:
-    cand = Candidate.from_source("def f():\n    return 42\n")
+    cand = Candidate.from_source("SEAM_VERSION = 2\ndef f():\n    return 42\n")
     one = import_candidate(cand, tmp_path / "a", 1)
     two = import_candidate(cand, tmp_path / "b", 2)
     assert one.__name__ != two.__name__ and one.f is not two.f
@@ -38,7 +38,7 @@ def test_bad_sources_give_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(CandidateError, match=r"line 1.*does not parse"):
         import_candidate(Candidate.from_source("def build(:\n"), tmp_path, 1)
     with pytest.raises(CandidateError, match="ZeroDivisionError"):
-        import_candidate(Candidate.from_source("x = 1 / 0\n"), tmp_path, 2)
+        import_candidate(Candidate.from_source("SEAM_VERSION = 2\nx = 1 / 0\n"), tmp_path, 2)
 
 
 def test_baseline_is_the_reference_source() -> None:
@@ -70,3 +70,20 @@ def test_a_candidate_that_imports_dynamo_changes_nothing_in_torchs_namespace():
             "torch.manual_seed(3); a = torch.rand(2); torch.manual_seed(3)\n"
             "assert torch.equal(a, torch.rand(2))\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_a_file_of_the_old_seam_is_refused_in_one_line(tmp_path: Path) -> None:
+    old = baseline_candidate().source.replace("SEAM_VERSION = 2", "SEAM_VERSION_WAS = 2")
+    with pytest.raises(CandidateError, match=r"follows candidate seam 1; this athanor builds seam 2") as e:
+        import_candidate(Candidate.from_source(old), tmp_path, 1)
+    assert "\n" not in str(e.value)
+
+
+def test_a_winner_directory_of_the_old_seam_is_refused(tmp_path: Path) -> None:
+    from athanor.engine.candidate_dir import load_candidate_dir, write_candidate_dir
+    from athanor.errors import ConfigError
+
+    old = Candidate.from_source(baseline_candidate().source.replace("SEAM_VERSION = 2\n", ""))
+    d = write_candidate_dir(old, tmp_path / "winner")
+    with pytest.raises(ConfigError, match=r"candidate.py follows candidate seam 1"):
+        load_candidate_dir(d)

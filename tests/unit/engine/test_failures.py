@@ -22,7 +22,7 @@ def _answers_with_incumbent(engine: Supervisor, incumbent: str, expected: tuple[
 def test_crashing_candidates_are_killed_and_the_incumbent_comes_back(fresh: Supervisor) -> None:
     incumbent = fresh.health().active_candidate
     expected = fresh.generate(PROMPTS, 4).tokens
-    aborting = Candidate.from_source("import os\ndef build(model, ctx):\n    os.abort()\n")
+    aborting = Candidate.from_source("SEAM_VERSION = 2\nimport os\ndef build(model, ctx):\n    os.abort()\n")
     reply = fresh.swap(aborting)
     assert reply.status == "crashed" and "SIGABRT" in reply.error
     _answers_with_incumbent(fresh, incumbent, expected)
@@ -42,7 +42,7 @@ def test_crashing_candidates_are_killed_and_the_incumbent_comes_back(fresh: Supe
 def test_a_hanging_candidate_times_out(fresh: Supervisor) -> None:
     incumbent = fresh.health().active_candidate
     expected = fresh.generate(PROMPTS, 4).tokens
-    hanging = Candidate.from_source("def build(model, ctx):\n    while True:\n        pass\n")
+    hanging = Candidate.from_source("SEAM_VERSION = 2\ndef build(model, ctx):\n    while True:\n        pass\n")
     reply = fresh.swap(hanging, timeout_s=3.0)
     assert reply.status == "timeout" and "did not answer" in reply.error
     _answers_with_incumbent(fresh, incumbent, expected)
@@ -107,6 +107,7 @@ def test_edits_to_athanor_modules_do_not_survive_a_swap(fresh: Supervisor) -> No
         "    return _reference_build(model, ctx)\n")
     assert fresh.swap(vandal).status == "ok"
     checker = Candidate.from_source(
+        "SEAM_VERSION = 2\n"
         "import athanor.model.reference as ref, athanor.model.sampling as sampling\n"
         "def build(model, ctx):\n"
         "    assert ref.rms_norm is not None and sampling.sample is not None, 'an edit survived'\n"

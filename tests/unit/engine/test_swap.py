@@ -96,8 +96,9 @@ def test_a_forward_that_raises_at_run_time_returns_the_error(fresh: Supervisor) 
 def test_bad_candidates_get_clear_errors(fresh: Supervisor) -> None:
     cases = {
         "def build(model, ctx:\n": "does not parse",
-        "x = 1\n": "defines no function build",
-        "def build(model, ctx):\n    return 42\n": "no prefill() method",
+        "SEAM_VERSION = 2\nx = 1\n": "defines no function build",
+        "SEAM_VERSION = 2\ndef build(model, ctx):\n    return 42\n": "no prefill() method",
+        "def build(model, ctx):\n    return 42\n": "follows candidate seam 1; this athanor builds seam 2",
         patched("_b = build\ndef build(model, ctx):\n    f = _b(model, ctx)\n"
                 "    f.decode = lambda batch: 'logits'\n    return f\n").source: "expected a Tensor",
     }

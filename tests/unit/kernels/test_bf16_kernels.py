@@ -59,34 +59,41 @@ def test_norms_and_silu_mul_equal_the_fallback_in_bf16(gen):
 
 
 def test_rope_and_cache_in_bf16_is_at_least_as_accurate_as_the_fallback(gen):
-    n, hq, hkv, d, slots_n, max_len = 4, 8, 2, 64, 5, 40
+    n, hq, hkv, d, slots_n, max_len, page_size = 4, 8, 2, 64, 5, 40, 8
     q, k, v = (torch.randn(n, h, d, generator=gen).to(BF16) for h in (hq, hkv, hkv))
     ang = torch.rand(max_len, d // 2, generator=gen, dtype=torch.float64) * 6.3
     cos64, sin64 = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
     cos, sin = cos64.to(BF16), sin64.to(BF16)
     pos, slots = torch.tensor([0, 7, 39, 3]), torch.tensor([4, 0, 2, 1])  # slot 4: a padding row
-    caches = [torch.zeros(slots_n, hkv, max_len, d, dtype=BF16) for _ in range(4)]
-    qa = rope_and_cache(q, k, v, cos, sin, pos, slots, caches[0], caches[1], impl="triton")
-    qb = rope_and_cache(q, k, v, cos, sin, pos, slots, caches[2], caches[3], impl="torch")
+    num_pages = slots_n * max_len // page_size
+    table = torch.randperm(num_pages, generator=gen).view(slots_n, -1).int()  # shuffled pages
+    table[4] = num_pages  # the padding row's: all the scratch page
+    caches = [torch.zeros(num_pages + 1, hkv, page_size, d, dtype=BF16) for _ in range(4)]
+    qa = rope_and_cache(q, k, v, cos, sin, pos, slots, table, caches[0], caches[1], impl="triton")
+    qb = rope_and_cache(q, k, v, cos, sin, pos, slots, table, caches[2], caches[3], impl="torch")
     c, s = cos.double()[pos], sin.double()[pos]
     q_true, k_true = reference.apply_rope(q.double(), c, s), reference.apply_rope(k.double(), c, s)
+    pages, rows = table[slots, pos // page_size].long(), pos % page_size
     assert rel_err(qa, q_true) <= rel_err(qb, q_true) + 1e-6
-    assert rel_err(caches[0][slots, :, pos], k_true) <= rel_err(caches[2][slots, :, pos], k_true) + 1e-6
+    assert rel_err(caches[0][pages, :, rows], k_true) <= rel_err(caches[2][pages, :, rows], k_true) + 1e-6
     assert torch.equal(caches[1], caches[3])  # v is copied, not computed
-    written = torch.zeros(slots_n, max_len, dtype=torch.bool)
-    written[slots, pos] = True
-    assert not caches[0].transpose(1, 2)[~written].any()  # nothing written outside [slot, :, position]
+    written = torch.zeros(num_pages + 1, page_size, dtype=torch.bool)
+    written[pages, rows] = True
+    assert not caches[0].transpose(1, 2)[~written].any()  # nothing written outside [page, :, row]
 
 
 @pytest.mark.parametrize("num_splits", [1, 4, 16])
 def test_decode_attention_in_bf16_against_fp64(gen, num_splits):
-    b, hq, hkv, d, max_len = 3, 8, 2, 64, 300
+    b, hq, hkv, d, page_size, per_seq = 3, 8, 2, 64, 16, 19  # 300 keys: 19 pages, the last one part full
     q = torch.randn(b, hq, d, generator=gen).to(BF16)
-    k_cache, v_cache = (torch.randn(b + 1, hkv, max_len, d, generator=gen).to(BF16) for _ in range(2))
+    num_pages = (b + 1) * per_seq
+    k_cache, v_cache = (torch.randn(num_pages + 1, page_size, hkv, d, generator=gen).to(BF16).transpose(1, 2)
+                        for _ in range(2))  # token-major
+    table = torch.randperm(num_pages, generator=gen).view(b + 1, per_seq).int()  # shuffled pages
     slots, kv_lens = torch.tensor([3, 0, 1]), torch.tensor([1, 130, 300])  # 1 key: most splits are empty
-    out = decode_attention(q, k_cache, v_cache, slots, kv_lens, num_splits=num_splits, impl="triton")
-    fallback = decode_attention(q, k_cache, v_cache, slots, kv_lens, impl="torch")
-    truth = decode_attention(q.double(), k_cache.double(), v_cache.double(), slots, kv_lens, impl="torch")
+    out = decode_attention(q, k_cache, v_cache, slots, table, kv_lens, num_splits=num_splits, impl="triton")
+    fallback = decode_attention(q, k_cache, v_cache, slots, table, kv_lens, impl="torch")
+    truth = decode_attention(q.double(), k_cache.double(), v_cache.double(), slots, table, kv_lens, impl="torch")
     assert rel_err(out, truth) <= 2 * rel_err(fallback, truth)
     assert rel_err(out, truth) < 1e-2
 

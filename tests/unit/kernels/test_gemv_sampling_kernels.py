@@ -141,25 +141,35 @@ def test_fused_linear_reads_strided_halves_of_a_fused_gate_up(gen):
     torch.testing.assert_close(fused_linear(gu[:, :96], w, up=gu[:, 96:]), F.linear(F.silu(gu[:, :96]) * gu[:, 96:], w))
 
 
-def _kv_write(gen, qk_norm: bool, heads_kv: int = 2, d: int = 32, slots_n: int = 5, max_len: int = 24, m: int = 3):
-    cache = [torch.randn(slots_n, heads_kv, max_len, d, generator=gen) for _ in range(2)]
+def _kv_write(gen, qk_norm: bool, heads_kv: int = 2, d: int = 32, slots_n: int = 5, max_len: int = 24, m: int = 3,
+              page_size: int = 8, token_major: bool = False):
+    """A decode step's KVWrite into random pools of `page_size` pages, the slots' pages a shuffle of the pool."""
+    per_seq = -(-max_len // page_size)
+    num_pages = slots_n * per_seq + 2
+    shape = (num_pages + 1, page_size, heads_kv, d) if token_major else (num_pages + 1, heads_kv, page_size, d)
+    cache = [torch.randn(shape, generator=gen) for _ in range(2)]
+    if token_major:
+        cache = [c.transpose(1, 2) for c in cache]
+    table = torch.randperm(num_pages, generator=gen)[:slots_n * per_seq].view(slots_n, per_seq).int()
     norms = [torch.randn(d, generator=gen) for _ in range(2)] if qk_norm else [None, None]
     return KVWrite(torch.randn(max_len, d, generator=gen), torch.randn(max_len, d, generator=gen),
-                   torch.randint(0, max_len, (m,), generator=gen), torch.randperm(slots_n, generator=gen)[:m],
+                   torch.randint(0, max_len, (m,), generator=gen), torch.randperm(slots_n, generator=gen)[:m], table,
                    *cache, *norms)
 
 
 @triton_only
-@pytest.mark.parametrize(("m", "qk_norm", "bias"), [(1, False, False), (1, True, False), (3, True, True)])
-def test_qkv_rope_cache_is_the_projection_then_rope_and_cache_bit_for_bit(gen, m, qk_norm, bias):
+@pytest.mark.parametrize(("m", "qk_norm", "bias", "page_size", "token_major"),
+                         [(1, False, False, 8, False), (1, True, False, 4, True), (3, True, True, 16, False)])
+def test_qkv_rope_cache_is_the_projection_then_rope_and_cache_bit_for_bit(gen, m, qk_norm, bias, page_size,
+                                                                          token_major):
     """The fused kernel (RoPE by the last strip of each head) equals the two kernels it replaces exactly, and
-    their torch composition within fp32 rounding."""
+    their torch composition within fp32 rounding, writing k and v at the positions' pages and rows."""
     heads, heads_kv, d, k = 4, 2, 32, 200  # K >= 192: the interpreter takes the split-K path too
     h = torch.randn(m, k, generator=gen)
     w = torch.randn((heads + 2 * heads_kv) * d, k, generator=gen)
     b = torch.randn(w.shape[0], generator=gen) if bias else None
     nw = torch.randn(k, generator=gen)
-    cache = _kv_write(gen, qk_norm, heads_kv, d, m=m)
+    cache = _kv_write(gen, qk_norm, heads_kv, d, m=m, page_size=page_size, token_major=token_major)
     results = {}
     for name in ("fused", "two_kernels", "torch"):
         c = replace(cache, k_cache=cache.k_cache.clone(), v_cache=cache.v_cache.clone())
@@ -169,7 +179,7 @@ def test_qkv_rope_cache_is_the_projection_then_rope_and_cache_bit_for_bit(gen, m
             impl = "torch" if name == "torch" else "triton"
             qkv = fused_linear(h, w, b, norm_weight=nw, eps=1e-5, impl=impl).view(m, -1, d)
             q = rope_and_cache(qkv[:, :heads], qkv[:, heads:heads + heads_kv], qkv[:, heads + heads_kv:], c.cos, c.sin,
-                               c.positions, c.slots, c.k_cache, c.v_cache, impl=impl, q_norm=c.q_norm,
+                               c.positions, c.slots, c.block_table, c.k_cache, c.v_cache, impl=impl, q_norm=c.q_norm,
                                k_norm=c.k_norm, eps=1e-5)
         results[name] = (q, c.k_cache, c.v_cache)
     assert results["fused"][1].ne(cache.k_cache).any() and results["fused"][2].ne(cache.v_cache).any()

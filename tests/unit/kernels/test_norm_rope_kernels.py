@@ -57,25 +57,36 @@ def test_rope_matches_reference_apply_rope(gen, impl):
     torch.testing.assert_close(rk, reference.apply_rope(k, c, s), rtol=1e-5, atol=1e-5)
 
 
+def unpaged(pool, table):
+    """The dense cache [S, Hkv, pages_per_seq * page_size, D] a pool and its block table hold (page by page)."""
+    return torch.stack([torch.cat([pool[p] for p in row], dim=1) for row in table.tolist()])
+
+
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("token_major", [False, True])
-def test_rope_and_cache_writes_rotated_k_and_v(gen, impl, token_major):
+@pytest.mark.parametrize(("page_size", "token_major"), [(4, False), (8, True), (16, False), (16, True)])
+def test_rope_and_cache_writes_rotated_k_and_v(gen, impl, page_size, token_major):
+    """k and v land at their position's page (a shuffled pool's) and row, in either layout: the dense cache the
+    pool holds is the old one with [slot, :, position] written, and the pages no slot holds are untouched."""
     q, k, v = _qkv(gen)
-    slots_n, max_len = 6, 32
-    cos, sin = torch.randn(max_len, 16, generator=gen), torch.randn(max_len, 16, generator=gen)
+    slots_n, max_len, hkv, d = 6, 32, 2, 16
+    per_seq = max_len // page_size
+    num_pages = slots_n * per_seq + 2
+    cos, sin = torch.randn(max_len, d, generator=gen), torch.randn(max_len, d, generator=gen)
     positions = torch.randint(0, max_len, (4,), generator=gen)
     slots = torch.randperm(slots_n, generator=gen)[:4]
+    order = torch.randperm(num_pages + 1, generator=gen)
+    table, spare = order[:slots_n * per_seq].view(slots_n, per_seq).int(), order[slots_n * per_seq:]
+    shape = (num_pages + 1, page_size, hkv, d) if token_major else (num_pages + 1, hkv, page_size, d)
+    k_cache, v_cache = (torch.randn(shape, generator=gen) for _ in range(2))
     if token_major:
-        k_cache = torch.randn(slots_n, max_len, 2, 16, generator=gen).transpose(1, 2)
-        v_cache = torch.randn(slots_n, max_len, 2, 16, generator=gen).transpose(1, 2)
-    else:
-        k_cache, v_cache = torch.randn(slots_n, 2, max_len, 16, generator=gen), torch.randn(slots_n, 2, max_len, 16,
-                                                                                               generator=gen)
-    k_expected, v_expected = k_cache.clone(), v_cache.clone()
+        k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+    k_before, v_before = k_cache.clone(), v_cache.clone()
+    k_expected, v_expected = unpaged(k_cache, table), unpaged(v_cache, table)
     c, s = cos[positions], sin[positions]
     k_expected[slots, :, positions] = reference.apply_rope(k, c, s)
     v_expected[slots, :, positions] = v
-    rq = rope_and_cache(q, k, v, cos, sin, positions, slots, k_cache, v_cache, impl=impl)
+    rq = rope_and_cache(q, k, v, cos, sin, positions, slots, table, k_cache, v_cache, impl=impl)
     torch.testing.assert_close(rq, reference.apply_rope(q, c, s), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(k_cache, k_expected, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(v_cache, v_expected)
+    torch.testing.assert_close(unpaged(k_cache, table), k_expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(unpaged(v_cache, table), v_expected)
+    assert torch.equal(k_cache[spare], k_before[spare]) and torch.equal(v_cache[spare], v_before[spare])

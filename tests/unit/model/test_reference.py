@@ -142,3 +142,23 @@ def test_slice_keeps_first_layers_and_shares_storage() -> None:
     assert not torch.allclose(build(cut, _ctx()).prefill(prompt), build(model, _ctx()).prefill(prompt))
     with pytest.raises(ValueError):
         model.slice(5)
+
+
+@pytest.mark.parametrize("page_size", [4, 16])
+def test_pages_dealt_in_any_order_give_the_same_logits(page_size: int) -> None:
+    """The pool's map is the engine's: shuffled, non-consecutive pages and any page size change nothing."""
+    gen = torch.Generator().manual_seed(3)
+    model = random_model(get_preset("tiny-qwen"), seed=4)
+    prompts = [torch.randint(0, model.spec.vocab_size, (n,), generator=gen).tolist() for n in (11, 6)]
+    per_seq = -(-64 // page_size)
+    shuffled = torch.randperm(5 * per_seq, generator=gen).to(torch.int32).view(5, per_seq)
+    shuffled[-1] = 5 * per_seq  # the padding slot: all scratch
+    outs = []
+    for ctx in (_ctx(), BuildContext(device=torch.device("cpu"), dtype=torch.float32, max_seqs=4, max_seq_len=64,
+                                     page_size=page_size, num_pages=5 * per_seq, block_table=shuffled)):
+        fwd = build(model, ctx)
+        logits = [fwd.prefill(make_prefill_batch(prompts, [1, 3]))]
+        pos = torch.tensor([len(p) for p in prompts])
+        logits.append(fwd.decode(DecodeBatch(torch.tensor([5, 7]), pos, torch.tensor([1, 3]), pos)))
+        outs.append(torch.cat(logits))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)

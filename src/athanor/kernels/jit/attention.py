@@ -1,4 +1,4 @@
-"""Split-KV flash-decoding with GQA over the reference's per-slot KV layout.
+"""Split-KV flash-decoding with GQA over the paged KV cache.
 
 Grid (batch, kv heads, splits). Each program takes the query heads that share one KV head (a
 [G, D] tile, padded to 16 rows for tl.dot) and one slice of its sequence's keys, and writes a
@@ -6,14 +6,18 @@ partial output and log-sum-exp. The slice length is derived *inside* the kernel 
 sequence's own length (cdiv(kv_len, splits)), so the grid is static (CUDA-graph safe) while every
 split has work whether the context is 100 or 100k tokens.
 
+The keys live in a pool of pages: key p of slot s is row p % PAGE_SIZE of page BT[s, p // PAGE_SIZE].
+A tile that lies in one page (PAGE_SIZE a multiple of BLOCK_N) reads one table entry, a narrower
+page an entry per key; entries past the sequence's length are never read.
+
 The splits are merged by their log-sum-exp either by `decode_attention_merge_kernel` (grid
 (batch, q heads)) or, under MERGE, by the last split program of each (sequence, KV head) to
 finish, found by an atomic ticket as in the split-K GEMVs: one launch instead of two.
 
 Under ROPE the kernel also does what `rope_and_cache` does before it: it rotates (and under QK_NORM
 RMS-norms) the raw q in registers, and the program whose slice holds the new token's position
-writes the rotated k and the v into the cache before reading its slice. So a decode layer's
-attention is one kernel between the QKV and O projections.
+writes the rotated k and the v into the cache (at the position's page) before reading its slice. So a
+decode layer's attention is one kernel between the QKV and O projections.
 """
 
 from __future__ import annotations
@@ -48,14 +52,23 @@ def rope_rows(ROWS, row_offs, mask, d, cos, sin, NW, eps, QK_NORM: tl.constexpr,
 
 
 @triton.jit
+def token_offset(BT, bt_s0, slot, pos, c_s0, c_s2, PAGE_SIZE: tl.constexpr):
+    """Where token `pos` (a scalar) of slot `slot` sits in the pool, past its KV head's offset: page
+    BT[slot, pos // PAGE_SIZE] times the page stride c_s0 plus row pos % PAGE_SIZE times the row stride c_s2 (int64)."""
+    page = tl.load(BT + slot.to(tl.int64) * bt_s0 + pos // PAGE_SIZE).to(tl.int64)
+    return page * c_s0 + (pos % PAGE_SIZE).to(tl.int64) * c_s2
+
+
+@triton.jit
 def decode_attention_split_kernel(
-    Q, K_CACHE, V_CACHE, SLOTS, KV_LENS, O_PART, LSE_PART, OUT, TICKETS,
+    Q, K_CACHE, V_CACHE, SLOTS, BT, KV_LENS, O_PART, LSE_PART, OUT, TICKETS,
     K_NEW, V_NEW, COS, SIN, POS, QN, KN, eps,
-    q_s0, q_s1, kn_s0, kn_s1, vn_s0, vn_s1, c_s0, c_s1, c_s2, o_s0, o_s1, o_s2, l_s0, l_s1, out_s0, out_s1,
+    q_s0, q_s1, kn_s0, kn_s1, vn_s0, vn_s1, c_s0, c_s1, c_s2, bt_s0, o_s0, o_s1, o_s2, l_s0, l_s1, out_s0, out_s1,
     scale,
     GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
-    S_CHUNK: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr, MERGE: tl.constexpr, PDL: tl.constexpr,
+    S_CHUNK: tl.constexpr, PAGE_SIZE: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr, MERGE: tl.constexpr,
+    PDL: tl.constexpr,
     LENS_OFFSET: tl.constexpr = 0, EARLY_KEYS: tl.constexpr = False, TRIGGER: tl.constexpr = False,
 ):
     if PDL and TRIGGER:  # the merge kernel's programs may become resident now and wait (`split_early`)
@@ -75,7 +88,8 @@ def decode_attention_split_kernel(
     d = tl.arange(0, HEAD_DIM)
     heads = hk * GROUP + g
     g_mask = g < GROUP
-    kv_base = slot.to(tl.int64) * c_s0 + hk * c_s1
+    head = hk.to(tl.int64) * c_s1  # this program's KV head in every page
+    bt_row = BT + slot.to(tl.int64) * bt_s0  # its sequence's pages
     if ROPE:
         pos = tl.load(POS + b)
         cos = tl.load(COS + pos * HEAD_DIM + d).to(tl.float32)
@@ -85,14 +99,15 @@ def decode_attention_split_kernel(
             one = tl.zeros([1], tl.int32)
             k_new = rope_rows(K_NEW + b * kn_s0 + hk * kn_s1, one, one[:, None] == 0, d, cos, sin, KN, eps,
                               QK_NORM, HEAD_DIM)
-            new_offs = kv_base + pos * c_s2 + d[None, :]
+            new_offs = token_offset(BT, bt_s0, slot, pos, c_s0, c_s2, PAGE_SIZE) + head + d[None, :]
             tl.store(K_CACHE + new_offs, k_new)
             tl.store(V_CACHE + new_offs, tl.load(V_NEW + b * vn_s0 + hk * vn_s1 + one[:, None] + d[None, :]))
         tl.debug_barrier()  # the whole program sees those stores before its loop reads them back
     elif EARLY_KEYS:
         # The split's first tile of keys and values, but for the row's newest key, was written by earlier steps: in
         # flight before the wait (see `decode_attention(early_keys=True)`); the newest key's row read after it.
-        k_first, v_first, first_mask, kv_offs = _kv_tile(K_CACHE, V_CACHE, kv_base, start, end, c_s2, d, BLOCK_N)
+        k_first, v_first, first_mask, kv_offs = _kv_tile(K_CACHE, V_CACHE, bt_row, head, start, end, c_s0, c_s2, d,
+                                                         BLOCK_N, PAGE_SIZE)
         if PDL:
             tl.extra.cuda.gdc_wait()
         newest = (start + tl.arange(0, BLOCK_N) == kv_len - 1)[:, None]
@@ -110,7 +125,7 @@ def decode_attention_split_kernel(
             m_i, l_i, acc = _attend_tile(q, k_first, v_first, first_mask, m_i, l_i, acc, scale)
         loop_start = start + BLOCK_N
     for n0 in range(loop_start, end, BLOCK_N):
-        k, v, n_mask, _ = _kv_tile(K_CACHE, V_CACHE, kv_base, n0, end, c_s2, d, BLOCK_N)
+        k, v, n_mask, _ = _kv_tile(K_CACHE, V_CACHE, bt_row, head, n0, end, c_s0, c_s2, d, BLOCK_N, PAGE_SIZE)
         m_i, l_i, acc = _attend_tile(q, k, v, n_mask, m_i, l_i, acc, scale)
 
     has_keys = l_i > 0
@@ -133,12 +148,22 @@ def decode_attention_split_kernel(
 
 
 @triton.jit
-def _kv_tile(K_CACHE, V_CACHE, kv_base, n0, end, c_s2, d, BLOCK_N: tl.constexpr):
-    """Keys n0 .. n0 + BLOCK_N of the head at kv_base: k, v [N, D] (zeros from `end` on), the live-key mask [N] and
-    the tile's offsets into the caches (for a row read again)."""
+def _kv_tile(K_CACHE, V_CACHE, bt_row, head, n0, end, c_s0, c_s2, d, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """Keys n0 .. n0 + BLOCK_N (n0 a multiple of BLOCK_N) of the sequence whose block-table row is bt_row, at the KV
+    head whose offset in a page is `head`: k, v [N, D] (zeros from `end` on), the live-key mask [N] and the tile's
+    offsets into the caches (for a row read again). Only the table entries of keys before `end` are read."""
     offs = n0 + tl.arange(0, BLOCK_N)
     n_mask = offs < end
-    kv_offs = kv_base + offs[:, None].to(tl.int64) * c_s2 + d[None, :]
+    if PAGE_SIZE % BLOCK_N == 0:
+        # The tile lies in one page. Its entry is the sequence's even for a tile wholly past `end` (an EARLY_KEYS
+        # split with no keys): end - 1 < kv_len, the first key's entry then.
+        first = tl.maximum(tl.minimum(n0, end - 1), 0)
+        page = tl.load(bt_row + first // PAGE_SIZE).to(tl.int64)
+        rows = page * c_s0 + (n0 % PAGE_SIZE + tl.arange(0, BLOCK_N)).to(tl.int64) * c_s2
+    else:
+        page = tl.load(bt_row + offs // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
+        rows = page * c_s0 + (offs % PAGE_SIZE).to(tl.int64) * c_s2
+    kv_offs = head + rows[:, None] + d[None, :]
     k = tl.load(K_CACHE + kv_offs, mask=n_mask[:, None], other=0.0)
     v = tl.load(V_CACHE + kv_offs, mask=n_mask[:, None], other=0.0)
     return k, v, n_mask, kv_offs

@@ -29,6 +29,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from athanor.kernels.jit.attention import token_offset
 from athanor.kernels.jit.rope import rope_head
 from athanor.kernels.jit.tickets import last_of_group
 
@@ -132,16 +133,17 @@ def strip_end(acc, pid_n, pid_k, strips, B, R, Y, WS, TICKETS, M, N, r_s0, y_s0,
 
 @triton.jit
 def fused_gemv_rope_kernel(
-    X, W, B, NW, Y, WS, TICKETS, COS, SIN, POS, SLOTS, K_CACHE, V_CACHE, QN, KN, IDS, H,
-    M, N, K, eps, x_s0, w_s0, y_s0, c_s0, c_s1, c_s2, NUM_Q_HEADS, NUM_KV_HEADS,
-    HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr, BIAS: tl.constexpr, GATHER: tl.constexpr,
+    X, W, B, NW, Y, WS, TICKETS, COS, SIN, POS, SLOTS, BT, K_CACHE, V_CACHE, QN, KN, IDS, H,
+    M, N, K, eps, x_s0, w_s0, y_s0, c_s0, c_s1, c_s2, bt_s0, NUM_Q_HEADS, NUM_KV_HEADS,
+    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, QK_NORM: tl.constexpr, BIAS: tl.constexpr, GATHER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     PDL: tl.constexpr, EARLY: tl.constexpr, RSTD_BLOCK: tl.constexpr, EVICT: tl.constexpr = "",
 ):
     """The QKV projection of the RMS-normed residual stream X, then what `rope_kernel` does: the last
     strip of each head to be written (a ticket per head, after the split-K ones) rotates it, q/k-normed
-    first under QK_NORM: a q head in place in Y, a k head into K_CACHE at [slot, head, position]; a v
-    head is copied into V_CACHE. Y [M, (Hq + 2 Hkv) * HEAD_DIM]; BLOCK_N divides HEAD_DIM.
+    first under QK_NORM: a q head in place in Y, a k head into K_CACHE at [page, head, row] (the position's page
+    BT[slot, position // PAGE_SIZE], row position % PAGE_SIZE); a v head is copied into V_CACHE.
+    Y [M, (Hq + 2 Hkv) * HEAD_DIM]; BLOCK_N divides HEAD_DIM.
     GATHER (the first layer, one row): X is the token embedding and the row is X[IDS[0]], which the first
     program also writes into H [1, K] (the residual stream the layer's O projection adds to): no gather launch."""
     done, _ = gemv_strip(X, X, W, B, NW, Y, Y, WS, TICKETS, M, N, K, eps, x_s0, 0, w_s0, 0, y_s0,
@@ -158,8 +160,10 @@ def fused_gemv_rope_kernel(
         if last_of_group(ticket, HEAD_DIM // BLOCK_N):
             for m in tl.static_range(BLOCK_M):
                 if m < M:
-                    rope_head(Y + m * y_s0, head, tl.load(POS + m), tl.load(SLOTS + m), COS, SIN, K_CACHE, V_CACHE,
-                              QN, KN, eps, c_s0, c_s1, c_s2, NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, QK_NORM)
+                    pos = tl.load(POS + m)
+                    at = token_offset(BT, bt_s0, tl.load(SLOTS + m), pos, c_s0, c_s2, PAGE_SIZE)
+                    rope_head(Y + m * y_s0, head, pos, at, COS, SIN, K_CACHE, V_CACHE, QN, KN, eps, c_s1,
+                              NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, QK_NORM)
             tl.atomic_xchg(ticket, 0)
 
 

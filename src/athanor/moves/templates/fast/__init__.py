@@ -13,12 +13,12 @@ code an agent may edit. `FastForward` (the last section) composes the others int
 - options: the OPTIONS dict and how a kernel call reads its option;
 - weights: each layer's weights, fused or copied once in build();
 - linear: every linear layer (cuBLAS, Triton split-K, oneDNN on a CPU);
-- kv_cache: the per-slot keys and values;
+- kv_cache: the pages of keys and values, and where a token's go;
 - attention: QKV, q/k norms, RoPE, the cache write and attention, in prefill and decode;
 - mlp: the dense SwiGLU MLP (also the MoE models' shared expert);
 - moe: the routed experts and the router;
 - fused: the decode step on fused GEMVs (norms, SiLU-mul, residual adds and routing inside the projections);
-- forward: prefill, decode and `build`.
+- forward: prefill, decode, `build` and the seam version.
 """
 
 PIECES: tuple[str, ...] = ("options", "weights", "linear", "kv_cache", "attention", "mlp", "moe", "fused", "forward")

@@ -86,7 +86,7 @@ class Attention:
         self.cache.write(i, token_slots, batch.positions, k, v)
         with sdpa_backends():
             return prefill_attention(q, self.cache.k[i], self.cache.v[i], batch.cu_seqlens, batch.slots,
-                                     batch.seq_lens, extent, impl=impl("prefill_attention"))
+                                     self.cache.table, batch.seq_lens, extent, impl=impl("prefill_attention"))
 
     # -- decode ----------------------------------------------------------------------------------------------
     def kv_lens(self, positions: Tensor) -> Tensor:
@@ -109,8 +109,8 @@ class Attention:
             return rope_cache_attention(q, k, v, self.kv_write(i, layer, positions, slots), kv_lens, self.eps,
                                         static=self.static, impl=impl("attention"))
         if OPTIONS["rope"] in ("triton_fused_cache", "triton_qkv_epilogue"):  # the q/k norms inside the same kernel
-            q = rope_and_cache(q, k, v, self.cos, self.sin, positions, slots, self.cache.k[i], self.cache.v[i],
-                               q_norm=layer.q_norm, k_norm=layer.k_norm, eps=self.eps)
+            q = rope_and_cache(q, k, v, self.cos, self.sin, positions, slots, self.cache.table, self.cache.k[i],
+                               self.cache.v[i], q_norm=layer.q_norm, k_norm=layer.k_norm, eps=self.eps)
         else:
             q, k = self.qk_norm(layer, q, k)
             q, k = rope(q, k, self.cos, self.sin, positions, impl=impl("rope"))
@@ -120,16 +120,16 @@ class Attention:
     def attention(self, i: int, q: Tensor, slots: Tensor, kv_lens: Tensor) -> Tensor:
         """Attention of rotated q [B, Hq, D] over layer i's cache, which holds the new token already: kv_lens
         (+ `lens_offset`) keys a row."""
-        kc, vc = self.cache.k[i], self.cache.v[i]
+        kc, vc, table = self.cache.k[i], self.cache.v[i], self.cache.table
         if OPTIONS["attention"] == "torch_per_seq":
-            return decode_attention_per_seq(q, kc, vc, slots, kv_lens)
+            return decode_attention_per_seq(q, kc, vc, slots, table, kv_lens)
         if OPTIONS["attention"] == "torch_flex":
-            return decode_attention_flex(q, kc, vc, slots, kv_lens)
-        return decode_attention(q, kc, vc, slots, kv_lens, static=self.static, impl=impl("attention"),
+            return decode_attention_flex(q, kc, vc, slots, table, kv_lens)
+        return decode_attention(q, kc, vc, slots, table, kv_lens, static=self.static, impl=impl("attention"),
                                 merge_early=bool(OPTIONS["merge_early"]), lens_offset=self.lens_offset,
                                 early_keys=bool(OPTIONS["early_keys"]), split_early=bool(OPTIONS["split_early"]))
 
     def kv_write(self, i: int, layer: Layer, positions: Tensor, slots: Tensor) -> KVWrite:
         """Where layer i's new keys and values go, and the tables and norms they are rotated with."""
-        return KVWrite(self.cos, self.sin, positions, slots, self.cache.k[i], self.cache.v[i], layer.q_norm,
-                       layer.k_norm)
+        return KVWrite(self.cos, self.sin, positions, slots, self.cache.table, self.cache.k[i], self.cache.v[i],
+                       layer.q_norm, layer.k_norm)

@@ -20,6 +20,9 @@ from athanor.moves.templates.fast.moe import MoE
 from athanor.moves.templates.fast.options import OPTIONS, impl
 from athanor.moves.templates.fast.weights import Layer, embed, linear_weight
 
+SEAM_VERSION = 2
+"""The candidate seam this file follows (`athanor.model.seam.SEAM_VERSION`): a paged KV pool."""
+
 
 class FastForward:
     """Prefill and decode with the kernels and layouts OPTIONS picks."""

@@ -1,0 +1,50 @@
+"""The engine's side of the paged KV pool: each resident's block table, and how many pages its pool has.
+
+A resident's table is [max_seqs + 1, pages_per_seq] int32 on the engine's device (`athanor.model.seam`). Two
+ways to fill it:
+- static (`EngineConfig.kv_pages == 0`, the evaluator's engines and the in-engine tools): every slot owns pages
+  for a whole `max_seq_len`, dealt from a shuffled pool, so no slot's pages are consecutive and a forward that
+  reads the pool as if they were computes wrong keys — which the evaluator's comparison catches;
+- dynamic (`kv_pages > 0`, the server): a pool sized by the caller, the table all scratch at first, and the
+  server's scheduler writing pages into it as sequences grow (`write_pages`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from athanor.engine.config import EngineConfig
+
+
+def pages_per_seq(cfg: EngineConfig) -> int:
+    return -(-cfg.max_seq_len // cfg.page_size)
+
+
+def block_table(cfg: EngineConfig, device: torch.device) -> tuple[int, Tensor]:
+    """(pages in the pool, scratch not counted; the block table) of a new resident under `cfg`."""
+    rows, per_seq = cfg.max_seqs + 1, pages_per_seq(cfg)
+    if cfg.kv_pages > 0:
+        return cfg.kv_pages, torch.full((rows, per_seq), cfg.kv_pages, dtype=torch.int32, device=device)
+    num_pages = cfg.max_seqs * per_seq
+    table = torch.full((rows, per_seq), num_pages, dtype=torch.int32, device=device)  # the padding slot: all scratch
+    deal(table, num_pages, cfg.seed)
+    return num_pages, table
+
+
+def deal(table: Tensor, num_pages: int, seed: int) -> None:
+    """Give every real slot of a static table (all rows but the padding slot's) its own pages, in an order shuffled
+    by `seed`, in place. Dealt again before each of the evaluator's trajectories, it poisons the pool: whatever a
+    candidate left in its pages now sits under other slots and positions, so a forward that skips a write or reads
+    keys it did not write this trajectory computes wrong logits."""
+    dealt = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed)).to(torch.int32)
+    table[:-1].copy_(dealt.view(table.shape[0] - 1, table.shape[1]))
+
+
+def write_pages(table: Tensor, updates: list[tuple[int, int, int]]) -> None:
+    """Apply (slot, index in its row, page) writes to a block table on its device: one copy and one scatter, in
+    stream order (a step queued before sees the table as it was)."""
+    if not updates:
+        return
+    rows, cols, pages = torch.tensor(updates, dtype=torch.long).to(table.device).T
+    table.index_put_((rows, cols), pages.to(table.dtype))
