@@ -4,6 +4,10 @@
 #   bench/gpu.sh table           every H200 row of bench/README.md's table (about 8 minutes on one H200)
 #   bench/gpu.sh long            the long-prompt rows: bench prefill of llama-3.1-8b, 16k-128k tokens (~4 min, H100)
 #   bench/gpu.sh matrix          the decode grid: three models x best, reference x batch 1-128 x context 1k-32k
+#   bench/gpu.sh serve           long-context serving of llama-3.1-8b (best-known candidate, paged KV pool):
+#                                Mooncake conversation (300 requests, prompts <= 32k, concurrency 32) and Azure
+#                                conversation (1,000 requests, prompts <= 4k, concurrency 64) through athanor serve;
+#                                the traces from $TRACES (default: shared/traces) (~8 min, H100)
 #   bench/gpu.sh tests [ARGS]    the GPU tests (default: all of tests/gpu; ARGS are pytest's, e.g. one file)
 #
 # It installs the wheels the GPU image lacks (`make gpu-wheels` gathers them into .whl/; carry .whl), puts this
@@ -16,8 +20,8 @@ cd "$(dirname "$0")/.."
 set_name=${1:-}
 [ $# -gt 0 ] && shift
 case "$set_name" in
-  table|long|matrix|tests) ;;
-  *) echo "usage: bench/gpu.sh table|long|matrix|tests [pytest args]  (the sets are listed at the top of bench/gpu.sh)" >&2
+  table|long|matrix|serve|tests) ;;
+  *) echo "usage: bench/gpu.sh table|long|matrix|serve|tests [pytest args]  (the sets are listed at the top of bench/gpu.sh)" >&2
      exit 2 ;;
 esac
 
@@ -90,6 +94,29 @@ case "$set_name" in
       # 20 steps at least: qwen3's reference takes up to a second a step at batch 32-128.
       decode "$model" best,reference matrix --batch 1,8,32,128 --context 1024,8192,32768 --iters 20
     done
+    ;;
+  serve)
+    traces=${TRACES:-shared/traces}
+    step 60 candidate new --from best --model llama-3.1-8b --device cuda -o /tmp/best-llama-3.1-8b.py --force
+    step 60 candidate pack /tmp/best-llama-3.1-8b.py -o /tmp/best-llama-3.1-8b --force
+    python3 -m athanor serve llama-3.1-8b --candidate /tmp/best-llama-3.1-8b --max-seqs 64 --max-model-len 33792 \
+      --port 8000 > "$OUT/serve_llama-3.1-8b_$tag.log" 2>&1 &
+    server=$!
+    t0=$SECONDS
+    until python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null; do
+      if ! kill -0 $server 2>/dev/null || [ $((SECONDS - t0)) -gt 300 ]; then
+        failed+=("athanor serve did not come up"); tail -5 "$OUT/serve_llama-3.1-8b_$tag.log"; break
+      fi
+      sleep 2
+    done
+    echo "    (server up in $((SECONDS - t0)) s: $(grep -m1 'KV pool' "$OUT/serve_llama-3.1-8b_$tag.log" | sed 's/.*KV pool/KV pool/'))"
+    step 270 bench serve --base-url http://127.0.0.1:8000 --trace "$traces/mooncake_conversation.jsonl" \
+      --max-requests 300 --max-input 32768 --max-output 256 --concurrency 32 --speedup 1000 \
+      --json "$OUT/serve_mooncake_llama-3.1-8b_$tag.json"
+    step 180 bench serve --base-url http://127.0.0.1:8000 --trace "$traces/azure_llm_2023_conv.csv" \
+      --max-requests 1000 --max-input 4096 --concurrency 64 --speedup 1000 \
+      --json "$OUT/serve_azure_llama-3.1-8b_$tag.json"
+    kill $server; wait $server 2>/dev/null
     ;;
   tests)
     [ $# -gt 0 ] || set -- tests/gpu

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -143,14 +144,38 @@ def _metric(text: str, name: str) -> float:
     return float("nan")
 
 
-async def _server_tokens(url: str) -> tuple[float, float]:
-    """(prompt tokens, prompt tokens computed by prefill) the server counted so far; NaN where it does not say."""
+def lru_prefill_tokens(inputs: list[int], hashes: list[list[int]], capacity_tokens: int) -> int:
+    """Prompt tokens an ideal LRU prefix cache of `capacity_tokens` would still compute for these requests, served
+    one after another: each request reuses its longest run of leading blocks (BLOCK_TOKENS tokens each, named by
+    `hashes`) still cached, computes the rest (at least one token), then caches its full blocks as most recent.
+    The yardstick for the server's own count (`athanor_prefill_tokens`)."""
+    cache: OrderedDict[int, None] = OrderedDict()
+    room = capacity_tokens // BLOCK_TOKENS
+    computed = 0
+    for n, blocks in zip(inputs, hashes):
+        full = blocks[:n // BLOCK_TOKENS]
+        hit = 0
+        while hit < len(full) and full[hit] in cache:
+            hit += 1
+        computed += max(1, n - hit * BLOCK_TOKENS)
+        for h in full:
+            cache[h] = None
+            cache.move_to_end(h)
+        while len(cache) > room:
+            cache.popitem(last=False)
+    return computed
+
+
+async def _server_tokens(url: str) -> tuple[float, float, float]:
+    """(prompt tokens, prompt tokens computed by prefill, tokens its KV pool holds) the server counted so far; NaN
+    where it does not say."""
     try:
         async with httpx.AsyncClient(base_url=url, timeout=10) as http:
             text = (await http.get("/metrics")).text
     except httpx.HTTPError:
-        return float("nan"), float("nan")
-    return _metric(text, "athanor_prompt_tokens_total"), _metric(text, "athanor_prefill_tokens_total")
+        return float("nan"), float("nan"), float("nan")
+    return (_metric(text, "athanor_prompt_tokens_total"), _metric(text, "athanor_prefill_tokens_total"),
+            _metric(text, "athanor_kv_pool_tokens"))
 
 
 async def _progress(samples: list[Sample], start: float) -> None:
@@ -162,7 +187,8 @@ async def _progress(samples: list[Sample], start: float) -> None:
                  len(samples), sum(1 for s in done if s.error), out / (time.perf_counter() - start))
 
 
-async def _replay(options: BenchOptions, samples: list[Sample]) -> tuple[float, str]:
+async def _replay(options: BenchOptions, samples: list[Sample], blocks: list[list[int]]) -> tuple[float, str]:
+    """Replay the trace into `samples`; `blocks` gets each request's prefix block hashes (none: [])."""
     from openai import AsyncOpenAI
 
     async with httpx.AsyncClient(base_url=options.url, timeout=30) as http:
@@ -193,6 +219,7 @@ async def _replay(options: BenchOptions, samples: list[Sample]) -> tuple[float, 
         n_in = max(1, min(int(trace.input_length[i]), context - n_out, options.max_input or context))
         sample = Sample(n_in, n_out)
         samples.append(sample)
+        blocks.append(list(hashes[i]) if hashes and hashes[i] else [])
         await asyncio.sleep(max(0.0, float(times[i]) / options.speedup - (time.perf_counter() - start)))
         async with gate:
             if hashes and hashes[i]:
@@ -215,15 +242,20 @@ def bench_serve(options: BenchOptions) -> dict[str, Any]:
     if options.speedup <= 0 or options.max_requests < 1 or options.request_rate < 0:
         raise ConfigError("--speedup must be > 0, --max-requests >= 1 and --request-rate >= 0")
     samples: list[Sample] = []
+    blocks: list[list[int]] = []
     before = asyncio.run(_server_tokens(options.url))
     start = time.perf_counter()
     interrupted = False
     try:
-        duration, model = asyncio.run(_replay(options, samples))
+        duration, model = asyncio.run(_replay(options, samples, blocks))
     except KeyboardInterrupt:  # the record of what finished is still worth writing
         interrupted, duration, model = True, time.perf_counter() - start, options.model
+        blocks = [b for s, b in zip(samples, blocks) if s.ok or s.error]
         samples = [s for s in samples if s.ok or s.error]
     after = asyncio.run(_server_tokens(options.url))
+    pool = after[2]
+    lru = (lru_prefill_tokens([s.input_tokens for s in samples], blocks, int(pool))
+           if any(blocks) and pool == pool else None)
     ok = [s for s in samples if s.ok]
     good = [s for s in ok if s.ttft_s <= options.slo_ttft_s and (s.output_tokens <= 1 or s.tpot_s <= options.slo_tpot_s)]
     out_tokens = sum(s.output_tokens for s in ok)
@@ -235,6 +267,8 @@ def bench_serve(options: BenchOptions) -> dict[str, Any]:
         "ttft_s": _percentiles([s.ttft_s for s in ok]), "tpot_s": _percentiles([s.tpot_s for s in ok]),
         "itl_s": _percentiles([x for s in ok for x in s.itl_s]), "e2e_s": _percentiles([s.e2e_s for s in ok]),
         "server_prompt_tokens": after[0] - before[0], "server_prefill_tokens": after[1] - before[1],
+        "kv_pool_tokens": pool, "lru_prefill_tokens": lru,
+        "prefill_vs_lru": (after[1] - before[1]) / lru if lru else None,
         "interrupted": interrupted,
     }
     errors = sorted({s.error for s in samples if not s.ok})[:5]

@@ -167,5 +167,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
           f"TTFT p50 {s['ttft_s']['p50']:.3f}s, TPOT p50 {s['tpot_s']['p50']:.4f}s, "
           f"goodput {s['goodput_requests_per_s']:.2f} req/s, prompt tokens computed by the server "
           f"{s['server_prefill_tokens']:.0f} of {s['server_prompt_tokens']:.0f}"
+          + (f" ({s['prefill_vs_lru']:.2f}x an LRU cache of {s['kv_pool_tokens']:.0f} tokens)"
+             if s["prefill_vs_lru"] else "")
           + (" (interrupted: the requests that finished)" if s["interrupted"] else "") + written(out))
     return 0 if s["failed"] == 0 else 1

@@ -131,6 +131,7 @@ class ServerState:
         self.handle = WorkerHandle(config, run_dir, on_step=self.metrics.on_step, on_deployment=self.on_deployment)
         status = await self.handle.start()
         self.metrics.set_candidate(status.active_candidate)
+        self.metrics.kv_pool_tokens.set(status.kv_pool_tokens)
 
     async def close(self) -> None:
         if self.handle is not None:

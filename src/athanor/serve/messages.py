@@ -119,6 +119,8 @@ class Status:
     num_running: int
     pid: int = 0
     deployment: DeploymentState | None = None
+    kv_pool_tokens: int = 0
+    """Tokens each resident's KV pool holds."""
 
 
 MESSAGE_TYPES: dict[str, type] = {cls.__name__: cls for cls in (

@@ -38,6 +38,7 @@ class ServeMetrics:
                                       "athanor_prompt_tokens came from the prefix cache)", registry=r)
         self.preemptions = Counter("athanor_num_preemptions", "Sequences whose KV pages were taken back when the "
                                    "pool ran out (they recompute their tokens later)", registry=r)
+        self.kv_pool_tokens = Gauge("athanor_kv_pool_tokens", "Tokens each candidate's KV pool holds", registry=r)
         self.tokens_per_s = Gauge("athanor_generation_tokens_per_second",
                                   f"Generated tokens per second over the last {RATE_WINDOW_S:g}s", registry=r)
         self.requests = Counter("athanor_requests", "Finished requests by outcome", ["outcome"], registry=r)

@@ -118,8 +118,10 @@ class ServingLoop:
             self.stopping = True
 
     def status(self) -> m.Status:
+        ec = self.config.engine
         return m.Status(self.incumbent, tuple(self.engine.residents), len(self.scheduler.waiting),
-                        len(self.scheduler.running), os.getpid(), self.canary.state() if self.canary else None)
+                        len(self.scheduler.running), os.getpid(), self.canary.state() if self.canary else None,
+                        ec.kv_pages * ec.page_size)
 
     # -- deploys ----------------------------------------------------------------------------------
     def _report_deploy(self) -> None:

@@ -101,3 +101,17 @@ def test_prompts_from_block_hashes_share_exactly_their_shared_blocks() -> None:
     b = block_prompt(pool, [0, 1, 7], 3 * BLOCK_TOKENS - 100)
     assert a[:2 * BLOCK_TOKENS] == b[:2 * BLOCK_TOKENS] and a[2 * BLOCK_TOKENS] != b[2 * BLOCK_TOKENS]
     assert len(b) == 3 * BLOCK_TOKENS - 100 and block_prompt(pool, [0, 1, 2], 3 * BLOCK_TOKENS) == a
+
+
+def test_lru_simulation_counts_what_a_prefix_cache_of_that_size_still_computes() -> None:
+    from athanor.bench.serve import BLOCK_TOKENS, lru_prefill_tokens
+
+    b = BLOCK_TOKENS
+    inputs = [3 * b, 3 * b + 5, 2 * b, 3 * b]
+    hashes = [[1, 2, 3], [1, 2, 3, 4], [7, 8], [1, 2, 9]]
+    # Room for everything: the second reuses three blocks, the fourth two.
+    assert lru_prefill_tokens(inputs, hashes, 100 * b) == 3 * b + 5 + 2 * b + b
+    # Room for three blocks: [7, 8] pushes out 1 and 2 (least recent), so the fourth computes all of its prompt.
+    assert lru_prefill_tokens(inputs, hashes, 3 * b) == 3 * b + 5 + 2 * b + 3 * b
+    # A whole prompt cached still computes its last token.
+    assert lru_prefill_tokens([2 * b, 2 * b], [[1, 2], [1, 2]], 10 * b) == 2 * b + 1
