@@ -37,9 +37,24 @@ def load_candidate(source: str, tmp_path: Path):
     return module
 
 
+PAGE_SIZE = 4
+"""Pages of 4 tokens, dealt to the slots in a shuffled order: every prompt spans several pages, none of a
+sequence's pages are consecutive, and a continued prefill and each decode step cross page boundaries."""
+
+
+def shuffled_table(max_seqs: int, max_seq_len: int) -> tuple[int, torch.Tensor]:
+    per_seq = -(-max_seq_len // PAGE_SIZE)
+    num_pages = max_seqs * per_seq
+    table = torch.full((max_seqs + 1, per_seq), num_pages, dtype=torch.int32)
+    table[:-1] = torch.randperm(num_pages, generator=torch.Generator().manual_seed(7)).view(max_seqs, per_seq)
+    return num_pages, table
+
+
 def run(build, model, gen, dtype: torch.dtype = torch.float32):
     """Logits of prefill (3 prompts, one continued) and two decode steps."""
-    ctx = BuildContext(torch.device("cpu"), dtype, max_seqs=4, max_seq_len=64)
+    num_pages, table = shuffled_table(4, 64)
+    ctx = BuildContext(torch.device("cpu"), dtype, max_seqs=4, max_seq_len=64, page_size=PAGE_SIZE,
+                       num_pages=num_pages, block_table=table)
     fwd = build(model, ctx)
     lens = [5, 11, 2]
     prompts = [torch.randint(0, model.spec.vocab_size, (n,), generator=gen).tolist() for n in lens]
