@@ -4,10 +4,10 @@
 #   bench/gpu.sh table           every H200 row of bench/README.md's table (about 8 minutes on one H200)
 #   bench/gpu.sh long            the long-prompt rows: bench prefill of llama-3.1-8b, 16k-128k tokens (~4 min, H100)
 #   bench/gpu.sh matrix          the decode grid: three models x best, reference x batch 1-128 x context 1k-32k
-#   bench/gpu.sh serve           long-context serving of llama-3.1-8b (best-known candidate, paged KV pool):
-#                                Mooncake conversation (300 requests, prompts <= 32k, concurrency 32) and Azure
-#                                conversation (1,000 requests, prompts <= 4k, concurrency 64) through athanor serve;
-#                                the traces from $TRACES (default: shared/traces) (~8 min, H100)
+#   bench/gpu.sh serve           long-context serving of llama-3.1-8b (best-known candidate, paged KV pool) through
+#                                athanor serve: Azure conversation (1,000 requests, prompts <= 4k) at concurrency 64
+#                                and 256, Mooncake conversation (300 requests, prompts <= 32k, concurrency 32); the
+#                                traces from $TRACES (default: shared/traces) (~9 min)
 #   bench/gpu.sh tests [ARGS]    the GPU tests (default: all of tests/gpu; ARGS are pytest's, e.g. one file)
 #
 # It installs the wheels the GPU image lacks (`make gpu-wheels` gathers them into .whl/; carry .whl), puts this
@@ -52,7 +52,7 @@ step() {  # step SECONDS ARGS...: one athanor command under a time limit; its su
   local limit=$1 t0=$SECONDS
   shift
   echo "--- athanor $*"
-  timeout "$limit" python3 -m athanor "$@"
+  timeout -s INT -k 15 "$limit" python3 -m athanor "$@"  # SIGINT: a benchmark cut short writes what it has
   local rc=$?
   [ $rc -eq 0 ] || failed+=("athanor $* (exit $rc)")
   echo "    ($((SECONDS - t0)) s)"
@@ -99,7 +99,7 @@ case "$set_name" in
     traces=${TRACES:-shared/traces}
     step 60 candidate new --from best --model llama-3.1-8b --device cuda -o /tmp/best-llama-3.1-8b.py --force
     step 60 candidate pack /tmp/best-llama-3.1-8b.py -o /tmp/best-llama-3.1-8b --force
-    python3 -m athanor serve llama-3.1-8b --candidate /tmp/best-llama-3.1-8b --max-seqs 64 --max-model-len 33792 \
+    python3 -m athanor serve llama-3.1-8b --candidate /tmp/best-llama-3.1-8b --max-seqs 256 --max-model-len 33792 \
       --port 8000 > "$OUT/serve_llama-3.1-8b_$tag.log" 2>&1 &
     server=$!
     t0=$SECONDS
@@ -110,12 +110,16 @@ case "$set_name" in
       sleep 2
     done
     echo "    (server up in $((SECONDS - t0)) s: $(grep -m1 'KV pool' "$OUT/serve_llama-3.1-8b_$tag.log" | sed 's/.*KV pool/KV pool/'))"
-    step 270 bench serve --base-url http://127.0.0.1:8000 --trace "$traces/mooncake_conversation.jsonl" \
+    azure() {  # azure CONCURRENCY LIMIT
+      step "$2" bench serve --base-url http://127.0.0.1:8000 --trace "$traces/azure_llm_2023_conv.csv" \
+        --max-requests 1000 --max-input 4096 --concurrency "$1" --speedup 1000 \
+        --json "$OUT/serve_azure_c$1_llama-3.1-8b_$tag.json"
+    }
+    azure 64 120
+    step 200 bench serve --base-url http://127.0.0.1:8000 --trace "$traces/mooncake_conversation.jsonl" \
       --max-requests 300 --max-input 32768 --max-output 256 --concurrency 32 --speedup 1000 \
       --json "$OUT/serve_mooncake_llama-3.1-8b_$tag.json"
-    step 180 bench serve --base-url http://127.0.0.1:8000 --trace "$traces/azure_llm_2023_conv.csv" \
-      --max-requests 1000 --max-input 4096 --concurrency 64 --speedup 1000 \
-      --json "$OUT/serve_azure_llama-3.1-8b_$tag.json"
+    azure 256 100
     kill $server; wait $server 2>/dev/null
     ;;
   tests)

@@ -16,6 +16,15 @@ from typing import Any
 from athanor import settings
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+SERVING_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+"""Decode batch sizes a server captures (up to its --max-seqs): steps of at most 1.5x past 8, so a batch pads by
+at most a third (a decode step reads the weights once whatever its rows, so a few padded rows cost little)."""
+
+
+def decode_buckets(max_seqs: int, sizes: tuple[int, ...] = DEFAULT_BUCKETS) -> tuple[int, ...]:
+    """`sizes` below `max_seqs`, then `max_seqs` itself: every batch an engine of `max_seqs` slots can run has a
+    captured graph."""
+    return tuple(sorted({b for b in sizes if b < max_seqs} | {max_seqs}))
 
 
 @dataclass(frozen=True)

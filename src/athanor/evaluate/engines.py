@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from athanor.engine import protocol as p
 from athanor.engine.candidate import Candidate, baseline_candidate
-from athanor.engine.config import DEFAULT_BUCKETS, EngineConfig, SandboxConfig
+from athanor.engine.config import EngineConfig, SandboxConfig, decode_buckets
 from athanor.engine.supervisor import Supervisor, Timeouts
 from athanor.evaluate.config import EvaluateConfig
 from athanor.evaluate.interleave import Refused, Side, run_interleaved
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 def engine_config(cfg: EvaluateConfig, num_layers: int) -> EngineConfig:
-    buckets = tuple(sorted({b for b in DEFAULT_BUCKETS if b < cfg.max_seqs} | {cfg.max_seqs}))
+    buckets = decode_buckets(cfg.max_seqs)
     return EngineConfig(model=cfg.model, device=cfg.device, dtype=cfg.dtype, num_layers=num_layers,
                         max_seqs=cfg.max_seqs, max_seq_len=cfg.max_seq_len, buckets=buckets, max_resident=3,
                         sandbox=SandboxConfig(enabled=cfg.sandbox), cpu_threads=timing_threads(cfg.device))

@@ -23,7 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
 from athanor.engine.candidate_dir import load_candidate_dir
-from athanor.engine.config import EngineConfig, SandboxConfig
+from athanor.engine.config import SERVING_BUCKETS, EngineConfig, SandboxConfig, decode_buckets
 from athanor.errors import AthanorError
 from athanor.serve import api
 from athanor.serve.admin import DeploymentBook, DeploymentRecorder, check_key, check_token, current_candidate
@@ -126,6 +126,7 @@ class ServerState:
         sock = str(run_dir / "serve.sock")
         engine = EngineConfig(model=o.model, device=o.device, dtype=o.dtype, max_seqs=o.max_seqs,
                               max_seq_len=o.max_seq_len, kv_pages=-(-o.kv_tokens // EngineConfig.page_size),
+                              buckets=decode_buckets(o.max_seqs, SERVING_BUCKETS),
                               scratch_dir=str(run_dir / "scratch"), socket_path=sock, sandbox=SandboxConfig(enabled=o.sandbox), cpu_threads=o.threads)
         config = WorkerConfig(engine, sock, o.candidate_dir, o.scheduler, o.canary)
         self.handle = WorkerHandle(config, run_dir, on_step=self.metrics.on_step, on_deployment=self.on_deployment)
