@@ -18,7 +18,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timing]  # verdicts on measured spee
 
 
 def _config(out: Path, **kw) -> CompileConfig:
-    base = dict(model="tiny-dense", traffic="preset:chat", budget_s=40.0, out_dir=out, max_seqs=8, max_seq_len=256)
+    # A stated reserve: what the tests check does not depend on this machine's record of past confirmations.
+    base = dict(model="tiny-dense", traffic="preset:chat", budget_s=40.0, out_dir=out, max_seqs=8, max_seq_len=256,
+                confirm_reserve_s=10.0)
     return CompileConfig(**{**base, **kw})
 
 

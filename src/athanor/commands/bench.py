@@ -87,7 +87,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     c = add("compile", "a whole compile session: wall time, candidates, verified speedup", cmd_compile)
     c.add_argument("--traffic", default="preset:chat", help="a trace file or preset:chat|code|agent")
-    c.add_argument("--budget", default="3m", help="wall-clock budget, e.g. 180s, 3m, 1h")
+    c.add_argument("--budget", default="10m", help="wall-clock budget, e.g. 180s, 3m, 1h")
     c.add_argument("--agents", default="variant", help="comma-separated: variant, llm, cli")
     c.add_argument("--device", default=None, help=DEVICE_HELP)
     c.add_argument("--dtype", default="", help="float32, bfloat16 (default: fp32 on CPU, bf16 on CUDA)")

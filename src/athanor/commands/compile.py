@@ -71,7 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.set_defaults(func=cmd_watch)
 
 
-COMPILE_DEFAULTS: dict[str, Any] = {"model": "smollm2-135m", "traffic": "preset:chat", "budget": "3m",
+COMPILE_DEFAULTS: dict[str, Any] = {"model": "smollm2-135m", "traffic": "preset:chat", "budget": "10m",
                                     "agents": "variant", "seed": 0}
 """What `compile` runs with where a flag is left out (and the run in --out does not say otherwise)."""
 

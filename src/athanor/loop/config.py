@@ -15,8 +15,8 @@ from athanor.loop.reserve import confirmation_key
 from athanor.model.device import resolve_dtype
 from athanor.model.registry import load_spec
 
-MAX_RESERVE_SHARE = 0.4
-"""Most of a run's budget kept for confirming: the search keeps the rest, however much confirming costs."""
+MIN_SEARCH_SHARE = 0.25
+"""The least of a budget the search keeps: a budget whose confirmation would leave less is too small."""
 
 
 @dataclass(frozen=True)
@@ -24,10 +24,10 @@ class CompileConfig:
     model: str = "smollm2-135m"
     traffic: str = "preset:chat"
     """A trace file, a saved profile, or `preset:chat|code|agent` (the built-in default needs no file)."""
-    budget_s: float = 180.0
-    """Wall-clock budget of the search. Proposals stop `reserve_s` before it to leave time for confirming on
-    the slow tier; the first confirmation runs whatever it costs (on a 2-core CPU one confirmation of smollm2
-    outlasts a 3-minute budget, so such a run takes about twice its budget), further ones only within it."""
+    budget_s: float = 600.0
+    """Wall-clock budget of the session, confirmation included: proposals stop `reserve_s` before it, what
+    confirming one candidate costs here, and further confirmations run only where they fit. Set-up (loading the
+    model, starting the first engines) comes before the clock starts."""
     agents: tuple[str, ...] = ("variant",)
     device: str = "cpu"
     dtype: str = ""
@@ -124,11 +124,16 @@ class CompileConfig:
                                  device_bytes(self.device), 64)
 
     def reserve_s(self, measured: float | None = None) -> float:
-        """Seconds of the budget kept for confirming on the slow tier (at most `MAX_RESERVE_SHARE` of it):
-        `confirm_reserve_s` when set, else `measured` (what this machine's earlier confirmations cost:
-        `athanor.loop.reserve`), else the device's default."""
-        return min(self.confirm_reserve_s or measured or (75.0 if self.on_cpu else 120.0),
-                   MAX_RESERVE_SHARE * self.budget_s)
+        """Seconds of the budget kept for confirming on the slow tier: `confirm_reserve_s` when set, else `measured`
+        (what this machine's earlier confirmations cost: `athanor.loop.reserve`), else the device's default, which
+        is a guess and so gives way to the search's share (`MIN_SEARCH_SHARE`) of a small budget."""
+        if self.confirm_reserve_s or measured:
+            return float(self.confirm_reserve_s or measured or 0.0)
+        return min(75.0 if self.on_cpu else 120.0, (1 - MIN_SEARCH_SHARE) * self.budget_s)
+
+    def smallest_budget_s(self, reserve: float) -> float:
+        """The least budget that confirms one candidate in `reserve` seconds and searches `MIN_SEARCH_SHARE`."""
+        return reserve / (1 - MIN_SEARCH_SHARE)
 
     @property
     def confirmation_key(self) -> str:

@@ -34,7 +34,7 @@ from athanor.engine.candidate_dir import load_candidate_dir
 from athanor.errors import ConfigError
 from athanor.evaluate import Evaluator, QualityBudget, Verdict
 from athanor.evaluate.timing import worth_confirming
-from athanor.loop.config import MAX_RESERVE_SHARE, CompileConfig
+from athanor.loop.config import CompileConfig
 from athanor.loop.report import write_report
 from athanor.loop.reserve import measured_reserve, record_confirmation
 from athanor.store import EvaluationRecord, Store, open_store
@@ -78,6 +78,8 @@ class Session:
         self.max_candidates = max_candidates
         """Proposals screened in this session after which the search stops (None: the budget alone stops it)."""
         self.screened = 0
+        self.reserve = 0.0
+        """Seconds of the budget kept for the first confirmation (set as the run starts)."""
         """Proposals screened so far in this session (the reference as a contender is nobody's proposal)."""
         # Every input is checked before anything is written, so a bad flag leaves no half-made run.
         self.profile: TrafficProfile = load_profile(config.traffic)
@@ -173,18 +175,19 @@ class Session:
         slow = Evaluator(cfg.evaluate_config("slow"))
         measured = measured_reserve(cfg.confirmation_key)
         reserve = cfg.reserve_s(measured)
-        why = ""
-        if measured and not cfg.confirm_reserve_s:
-            why = f"; {measured:.0f} s by this machine's last confirmations" + (
-                f", {MAX_RESERVE_SHARE:.0%} of the budget at most" if reserve < measured else "")
+        self.reserve = reserve
+        why = (" (by this machine's last confirmations)" if measured and not cfg.confirm_reserve_s else
+               "" if cfg.confirm_reserve_s else " (a first guess: this machine has confirmed none yet)")
+        ends = time.strftime("%H:%M", time.localtime(time.time() + cfg.budget_s))
         try:
             self.emit(f"run {self.run_id}: {cfg.model} on {cfg.device}, traffic {cfg.traffic}, "
-                      f"budget {cfg.budget_s:.0f} s ({reserve:.0f} s kept to confirm{why}), "
+                      f"budget {cfg.budget_s:.0f} s: {cfg.budget_s - reserve:.0f} s to search, {reserve:.0f} s to "
+                      f"confirm{why}; ends about {ends}, "
                       f"agents {', '.join(a.name for a in self.agents)}"
                       + (f", quality mode ({precision_flags(cfg.precision)})" if cfg.quality is not None else "")
                       + (f", against incumbent {self.baseline.id} ({cfg.incumbent})" if self.incumbent else "")
                       + (f"; {cfg.gpu_plan.describe()}" if not cfg.on_cpu and not cfg.max_seqs else ""))
-            self._search(fast, deadline - reserve)
+            self._search(fast, deadline, guess=not (measured or cfg.confirm_reserve_s))
             self._confirm(slow, deadline, fast.config.margin)
         except KeyboardInterrupt:
             interrupted = True
@@ -198,13 +201,15 @@ class Session:
         return CompileReport(self.run_id, cfg.out_dir, bool(summary["verified"]), summary.get("winner_id"),
                              summary.get("speedup", {}), interrupted, summary)
 
-    def _search(self, fast: Evaluator, until: float) -> None:
+    def _search(self, fast: Evaluator, deadline: float, guess: bool) -> None:
+        """Screen proposals until `self.reserve` before `deadline`. `guess`: the reserve is the device's default, not
+        this machine's record, and the first screen revises it (`_revise_reserve`)."""
         # Against a given incumbent the reference forward is a contender too, and the first one: a
         # stale deployed candidate may well be slower than it.
         if self.incumbent is not None and self.reference.id not in (self.incumbent.id, *self.fast_verdicts):
             self._screen(fast, self.reference)
         active = {a.name: a for a in self.agents}
-        while not self._search_over(until) and active:
+        while not self._search_over(deadline) and active:
             agent = active[self.budget.choose(list(active))]
             try:
                 proposals = agent.propose(self._context())
@@ -218,7 +223,7 @@ class Session:
                 del active[agent.name]
                 continue
             for proposal in proposals:
-                if self._search_over(until):
+                if self._search_over(deadline):
                     break
                 cand = Candidate.from_source(proposal.source, parent=proposal.parent_id, author=proposal.author,
                                              description=proposal.description)
@@ -226,12 +231,28 @@ class Session:
                 self.store.add_candidate(self.run_id, cand.source, parent_id=proposal.parent_id,
                                          author=proposal.author, description=proposal.description,
                                          manifest=cand.manifest.__dict__)
+                started = self.clock()
                 self._screen(fast, cand)
                 self.screened += 1
+                if guess and self.screened == 1:
+                    self._revise_reserve(self.clock() - started, deadline)
 
-    def _search_over(self, until: float) -> bool:
+    def _revise_reserve(self, first_screen_s: float, deadline: float) -> None:
+        """With no record of what confirming costs here, take the first screen's cost (its engines' start and one
+        evaluation of the fast tier's layers) scaled to the whole model's layers, where that is more than the
+        default: a first run on a new machine then keeps its budget too."""
+        cfg = self.config
+        scaled = first_screen_s * self.spec.num_layers / cfg.fast_tier_layers
+        if scaled > self.reserve:
+            self.reserve = scaled
+            left = max(0.0, deadline - self.clock() - scaled)
+            self.emit(f"confirming will take about {scaled:.0f} s (the first screen, {first_screen_s:.0f} s, scaled "
+                      f"to the whole model): {left:.0f} s left to search")
+
+    def _search_over(self, deadline: float) -> bool:
         """The budget's search share is spent, or `max_candidates` proposals are screened."""
-        return self.clock() >= until or (self.max_candidates is not None and self.screened >= self.max_candidates)
+        return (self.clock() >= deadline - self.reserve
+                or (self.max_candidates is not None and self.screened >= self.max_candidates))
 
     def _screen(self, fast: Evaluator, cand: Candidate) -> None:
         """Time one candidate on the fast tier against the baseline; record it and tell the agents."""
@@ -251,14 +272,17 @@ class Session:
                          not in self.slow_verdicts), key=lambda v: v.gpu_s_per_1k_requests)
         if not ranked:
             self.emit("no candidate passed the fast tier's screen: nothing to confirm")
+        last = self.reserve
         for i, verdict in enumerate(ranked):
-            # The first confirmation always runs (a session without one has no verified result).
-            if self.slow_verdicts and self.clock() >= deadline:
+            # The first confirmation always runs (the reserve was kept for it); another only where it fits the
+            # budget, costing what the one before it did.
+            if self.slow_verdicts and self.clock() + last > deadline:
                 break
             cand = self.sources[verdict.candidate_id]
-            started = time.monotonic()
+            started, on_clock = time.monotonic(), self.clock()
             slow_verdict = slow.evaluate(cand, self.baseline)
             # The first one started the slow tier's engines: with its timing done, it is what a reserve must hold.
+            last = self.clock() - on_clock
             if i == 0 and any(stage == "slow" for stage, _ in slow_verdict.stages):
                 record_confirmation(self.config.confirmation_key, time.monotonic() - started)
             self.slow_verdicts[cand.id] = slow_verdict
@@ -331,4 +355,17 @@ def compile_session(config: CompileConfig, on_event: Events = log.info, *, clock
 
     `clock` is what the budget is measured on; `max_candidates` stops the search after that many proposals are
     screened (None: the budget, or agents with nothing left to propose, stop it)."""
+    check_budget(config)
     return Session(config, on_event, clock=clock, max_candidates=max_candidates).run()
+
+
+def check_budget(config: CompileConfig) -> None:
+    """A ConfigError, before anything is started or written, where this machine's record says the budget cannot
+    confirm one candidate and still search (`CompileConfig.smallest_budget_s`)."""
+    measured = measured_reserve(config.confirmation_key)
+    if not measured or config.confirm_reserve_s or config.budget_s >= config.smallest_budget_s(measured):
+        return
+    smallest = math.ceil(config.smallest_budget_s(measured) / 60)
+    raise ConfigError(f"--budget {config.budget_s:.0f}s: confirming one candidate of {config.model} on this "
+                      f"machine takes about {measured:.0f} s (its last confirmations), which leaves the search too "
+                      f"little; the smallest workable budget here is {smallest}m")

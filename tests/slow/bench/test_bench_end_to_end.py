@@ -36,7 +36,7 @@ def test_evaluate_gives_the_noise_floor_and_a_verdict_on_the_planted_candidate(
 
 
 def test_compile_records_the_session_and_its_candidates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    record, printed = _run(["compile", "--model", "tiny-dense", "--device", "cpu", "--budget", "5s", "--max-seqs", "4",
+    record, printed = _run(["compile", "--model", "tiny-dense", "--device", "cpu", "--budget", "30s", "--max-seqs", "4",
                             "--max-seq-len", "64", "--decode-context", "16", "--out", str(tmp_path / "run")],
                            tmp_path / "c.json", capsys)
     assert record["benchmark"] == "compile" and record["screened"] >= 1 and record["wall_s"] > 0

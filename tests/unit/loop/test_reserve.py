@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from athanor.loop.config import MAX_RESERVE_SHARE, CompileConfig
+from athanor.errors import ConfigError
+from athanor.loop.config import CompileConfig
 from athanor.loop.reserve import FILE, HISTORY, MARGIN, measured_reserve, record_confirmation
 
 
@@ -32,10 +33,24 @@ def test_a_corrupt_record_is_no_record(tmp_path: Path) -> None:
     assert measured_reserve("k") == pytest.approx(MARGIN * 60.0)
 
 
-def test_the_config_takes_the_measured_reserve_within_its_cap() -> None:
+def test_the_config_keeps_what_confirming_costs_here_else_a_guess_within_the_budget() -> None:
     gpu = CompileConfig(model="tiny-dense", device="cuda", budget_s=480.0)
     assert gpu.reserve_s() == 120.0  # nothing measured: the device's default
     assert gpu.reserve_s(95.0) == 95.0
-    assert gpu.reserve_s(400.0) == 0.4 * 480.0 == MAX_RESERVE_SHARE * 480.0  # never more than 40% of the budget
+    assert gpu.reserve_s(400.0) == 400.0  # what it costs, not a share of the budget: the budget is a promise
     assert CompileConfig(model="tiny-dense", device="cuda", budget_s=480.0, confirm_reserve_s=60.0).reserve_s(95.0) == 60.0
-    assert CompileConfig(model="tiny-dense", budget_s=180.0).reserve_s(225.0) == 72.0  # a 2-core CPU's smollm2
+    assert CompileConfig(model="tiny-dense", budget_s=60.0).reserve_s() == 45.0  # the guess leaves the search 25%
+    assert gpu.smallest_budget_s(300.0) == 400.0
+
+
+def test_a_budget_this_machine_cannot_confirm_in_is_refused_up_front(tmp_path: Path) -> None:
+    from athanor.loop.session import check_budget
+
+    config = CompileConfig(model="tiny-dense", budget_s=120.0, out_dir=tmp_path / "run")
+    check_budget(config)  # nothing recorded: a guess, not a refusal
+    record_confirmation(config.confirmation_key, 200.0)
+    with pytest.raises(ConfigError, match=r"--budget 120s: confirming one candidate of tiny-dense on this machine "
+                                          r"takes about 230 s .* the smallest workable budget here is 6m"):
+        check_budget(config)
+    assert not (tmp_path / "run").exists()  # nothing created
+    check_budget(CompileConfig(model="tiny-dense", budget_s=360.0))

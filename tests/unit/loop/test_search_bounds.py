@@ -27,7 +27,7 @@ def test_max_candidates_stops_the_search_whatever_the_budget(tmp_path: Path) -> 
     clock = Clock()
     session = _session(tmp_path, clock, max_candidates=3)
     fast = StandInEvaluator(verdict=refused, clock=clock, cost_s=0.0)
-    session._search(fast, until=float("inf"))  # type: ignore[arg-type]
+    session._search(fast, deadline=float("inf"), guess=False)  # type: ignore[arg-type]
     assert len(fast.judged) == 3 == len(set(fast.judged)) == session.screened
     assert len(session.store.evaluations(session.run_id)) == 3  # each recorded as it was judged
 
@@ -36,7 +36,7 @@ def test_the_budget_clock_stops_the_search(tmp_path: Path) -> None:
     clock = Clock()
     session = _session(tmp_path, clock)
     fast = StandInEvaluator(verdict=refused, clock=clock, cost_s=10.0)
-    session._search(fast, until=25.0)  # type: ignore[arg-type]
+    session._search(fast, deadline=25.0, guess=False)  # type: ignore[arg-type]
     assert len(fast.judged) == 3 and clock.now == 30.0  # judged at 0, 10 and 20 s; at 30 s the share is spent
 
 
@@ -46,7 +46,7 @@ def test_an_agent_with_nothing_new_ends_the_search(tmp_path: Path, plant: Callab
     clock = Clock()
     session = _session(tmp_path, clock, agents=("planted",))
     fast = StandInEvaluator(verdict=refused, clock=clock, cost_s=1.0)
-    session._search(fast, until=float("inf"))  # type: ignore[arg-type]
+    session._search(fast, deadline=float("inf"), guess=False)  # type: ignore[arg-type]
     assert len(fast.judged) == 2
 
 
@@ -72,8 +72,18 @@ def test_the_first_confirmation_runs_past_the_deadline_and_no_other(tmp_path: Pa
     slow = StandInEvaluator(verdict=slow_refused, clock=clock, cost_s=5.0)
     session.slow_verdicts.clear()
     clock.now = 0.0
-    session._confirm(slow, deadline=7.0, margin=0.01)  # type: ignore[arg-type]
-    assert len(slow.judged) == 2  # within the budget (0 s, 5 s) more are confirmed until it runs out (10 s)
+    session._confirm(slow, deadline=10.0, margin=0.01)  # type: ignore[arg-type]
+    assert len(slow.judged) == 2  # another starts only where the last one's cost still fits: 0-5 s, 5-10 s; not a third
+
+
+def test_with_no_record_the_first_screen_scaled_to_the_whole_model_is_kept_to_confirm(tmp_path: Path) -> None:
+    clock = Clock()
+    session = _session(tmp_path, clock)
+    fast = StandInEvaluator(verdict=refused, clock=clock, cost_s=10.0)
+    session._search(fast, deadline=100.0, guess=True)  # type: ignore[arg-type]
+    # tiny-dense: 4 layers, the fast tier's 2, so the first 10-s screen says confirming takes 20 s: the search
+    # stops at 80 s (screens at 0, 10, ..., 70).
+    assert session.reserve == 20.0 and len(fast.judged) == 8 and clock.now == 80.0
 
 
 def test_max_candidates_below_one_is_refused(tmp_path: Path) -> None:
