@@ -102,7 +102,8 @@ class WorkerHandle:
             if done:
                 status = waiter.result()
                 self.active_candidate = status.active_candidate
-                log.info("serving worker %s up with %s", self.pid, status.active_candidate)
+                log.info("serving worker %s up with %s; KV pool of %d tokens per candidate", self.pid,
+                         status.active_candidate, status.kv_pool_tokens)
                 return status
             if not self.is_alive() or loop.time() > deadline:
                 last = (self.log_tail(1).strip().splitlines() or ["no output"])[-1]
