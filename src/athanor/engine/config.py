@@ -81,9 +81,10 @@ class EngineConfig:
     """Unix socket the worker serves on (a filesystem path: it works across network namespaces)."""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     trusted: bool = False
-    """The worker never imports candidate code (the evaluator's reference): only such a worker writes the
-    shared compile cache. Every other sandboxed worker sees it read-only, its own compiles going to a cache
-    of its own (Triton and Inductor load a cached binary by key without checking it)."""
+    """The worker may write `cache_dir`: the evaluator's reference worker, which never imports candidate code, for
+    the shared compile cache; a server's worker, for a cache of its own that no other candidate's server loads
+    (`athanor.serve.app.serving_cache`). Every other sandboxed worker sees the cache read-only, its own compiles
+    going to a cache of its own (Triton and Inductor load a cached binary by key without checking it)."""
     seed: int = 0
     """Seed of random-weight models."""
     cpu_threads: int = 0

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
+from athanor import settings
 from athanor.engine.candidate_dir import load_candidate_dir
 from athanor.engine.config import SERVING_BUCKETS, EngineConfig, SandboxConfig, decode_buckets
 from athanor.errors import AthanorError
@@ -127,7 +128,9 @@ class ServerState:
         engine = EngineConfig(model=o.model, device=o.device, dtype=o.dtype, max_seqs=o.max_seqs,
                               max_seq_len=o.max_seq_len, kv_pages=-(-o.kv_tokens // EngineConfig.page_size),
                               buckets=decode_buckets(o.max_seqs, SERVING_BUCKETS),
-                              scratch_dir=str(run_dir / "scratch"), socket_path=sock, sandbox=SandboxConfig(enabled=o.sandbox), cpu_threads=o.threads)
+                              scratch_dir=str(run_dir / "scratch"), socket_path=sock,
+                              sandbox=SandboxConfig(enabled=o.sandbox), cpu_threads=o.threads,
+                              cache_dir=str(serving_cache(o.candidate_dir)), trusted=True)
         config = WorkerConfig(engine, sock, o.candidate_dir, o.scheduler, o.canary)
         self.handle = WorkerHandle(config, run_dir, on_step=self.metrics.on_step, on_deployment=self.on_deployment)
         status = await self.handle.start()
@@ -159,6 +162,17 @@ class ServerState:
             return ()
         flat = [t for s in encoded_sentences(self.tokenizer) for t in s]
         return tuple(tuple(flat[i:i + 64]) for i in range(0, min(len(flat), 64 * 8), 64))
+
+
+def serving_cache(candidate_dir: str) -> Path:
+    """The compile caches of a server that starts with `candidate_dir` (empty: the reference), writable by its
+    worker: a restart with the same candidate loads its compiled kernels instead of compiling them again. One
+    directory per starting candidate's content hash, apart from the compile loop's shared cache, so what a server
+    compiled is loaded only by a server of that same candidate (and the candidates its admin deploys into it)."""
+    from athanor.engine.candidate import baseline_candidate
+
+    cand = load_candidate_dir(candidate_dir) if candidate_dir else baseline_candidate()
+    return settings.cache_dir() / "serve" / cand.id
 
 
 def _parse(raw: bytes, model: type[M]) -> M:
