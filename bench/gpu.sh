@@ -37,7 +37,9 @@ fi
 # The device reaches no index: pip fails at once instead of retrying.
 export PYTHONPATH=$PWD/src:$site PYTHONUNBUFFERED=1 PIP_NO_INDEX=1
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-tag=$(echo "${gpu##* }" | tr '[:upper:]' '[:lower:]')  # "NVIDIA H200" -> h200
+# "NVIDIA H200" -> h200, "NVIDIA H100 80GB HBM3" -> h100: the model number, else the name's last word
+tag=$(echo "$gpu" | grep -oiE '\b[a-z][0-9]{3}\b' | head -1 | tr '[:upper:]' '[:lower:]')
+[ -n "$tag" ] || tag=$(echo "${gpu##* }" | tr '[:upper:]' '[:lower:]')
 echo "$gpu; records under $OUT"
 
 routing=.routing/qwen3-30b-a3b_gsm8k_en.json
