@@ -23,8 +23,21 @@ from athanor.errors import AthanorError
 COMMAND_MODULES = ("model", "traffic", "engine", "evaluate", "compile", "bench", "serve")
 
 
+class _Help(argparse.HelpFormatter):
+    """Each option's help ends with its default, unless the help names it already or there is none worth showing
+    (no value, a flag that is off, an empty string)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        shown = action.default not in (None, False, "", argparse.SUPPRESS) and action.option_strings
+        if not shown or "default" in text or text == argparse.SUPPRESS:
+            return action.help
+        return f"{text} (default: %(default)s)"
+
+
 class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Help)
         super().__init__(*args, **kwargs)
         if " " in self.prog:  # a sub-command's parser: -v may come after the command too (absent: the top's stays)
             self.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,

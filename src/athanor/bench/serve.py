@@ -1,10 +1,12 @@
-"""`athanor bench serve`: replay a trace against a running server with the `openai` client.
+"""`athanor bench serve`: replay a trace (or send synthetic requests) against a running server with the `openai`
+client.
 
 Request i is sent at its trace time (relative to the first request) divided by `speedup`, streamed,
 with the trace's prompt length (token ids taken from real text, cut to the server's context) and
 its output length as `max_tokens`. A trace with prefix block hashes (Mooncake's `hash_ids`, 512-token blocks)
 gets prompts built block by block, each hash always the same 512 tokens: reuse in the trace is reuse in the
-replay. Reported: TTFT, TPOT (mean time per output token after the
+replay. Without a trace, `--random-input-len` sends synthetic requests (vLLM's random dataset): prompts of one
+length cut from the same text, optionally sharing a prefix. Reported: TTFT, TPOT (mean time per output token after the
 first), ITL (gaps between streamed chunks) and end-to-end latency at p50/p90/p99, throughput,
 goodput (requests per second that met both the TTFT and the TPOT SLO, DistServe's definition), and the prompt
 tokens the server computed against those it was sent (its prefix reuse, from its /metrics).
@@ -39,7 +41,8 @@ PROGRESS_S = 10.0
 @dataclass(frozen=True)
 class BenchOptions:
     url: str
-    trace: str
+    trace: str = ""
+    """A trace file to replay; empty: synthetic requests (`random_input_len`)."""
     speedup: float = 1.0
     max_requests: int = 100
     model: str = ""
@@ -55,6 +58,12 @@ class BenchOptions:
     0: the trace's times divided by `speedup`."""
     seed: int = 0
     """Seeds the Poisson arrivals."""
+    random_input_len: int = 0
+    """Synthetic requests instead of a trace (vLLM's random dataset): `max_requests` prompts of this many tokens,
+    all sent at once (or at `request_rate`), each asking for `random_output_len` tokens."""
+    random_output_len: int = 128
+    random_prefix_len: int = 0
+    """Of each synthetic prompt, the leading tokens every prompt shares (a common system prompt)."""
 
 
 @dataclass
@@ -187,6 +196,18 @@ async def _progress(samples: list[Sample], start: float) -> None:
                  len(samples), sum(1 for s in done if s.error), out / (time.perf_counter() - start))
 
 
+def _requests(options: BenchOptions) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[list[int]]]:
+    """(arrival seconds, prompt lengths, output lengths, prefix block hashes or []) of the requests to send: the
+    trace's first `max_requests`, or as many synthetic ones."""
+    if options.random_input_len:
+        n = options.max_requests
+        return (np.zeros(n), np.full(n, options.random_input_len), np.full(n, options.random_output_len), [])
+    trace = read_columns(options.trace, skip_bad=True)
+    n = min(options.max_requests, len(trace))
+    return (trace.timestamp_s[:n] - trace.timestamp_s[0], trace.input_length[:n], trace.output_length[:n],
+            trace.hash_ids or [])
+
+
 async def _replay(options: BenchOptions, samples: list[Sample], blocks: list[list[int]]) -> tuple[float, str]:
     """Replay the trace into `samples`; `blocks` gets each request's prefix block hashes (none: [])."""
     from openai import AsyncOpenAI
@@ -199,24 +220,23 @@ async def _replay(options: BenchOptions, samples: list[Sample], blocks: list[lis
                               "`athanor serve` first") from None
     model = options.model or models[0]["id"]
     context = int(models[0].get("max_model_len", 2048))
-    trace = read_columns(options.trace, skip_bad=True)
-    n = min(options.max_requests, len(trace))
-    times = trace.timestamp_s[:n] - trace.timestamp_s[0]
+    times, inputs, outputs, hashes = _requests(options)
+    n = len(times)
     if options.request_rate > 0:  # Poisson arrivals: exponential gaps, the first request at once
         gaps = np.random.default_rng(options.seed).exponential(1.0 / options.request_rate, n)
         times = np.concatenate(([0.0], np.cumsum(gaps[1:]))) * options.speedup  # `launch` divides by speedup
     pool = _token_pool(model, context + BLOCK_TOKENS)
-    hashes = trace.hash_ids
+    prefix = pool[:options.random_prefix_len]
     client = AsyncOpenAI(base_url=f"{options.url}/v1", api_key="unused", timeout=600, max_retries=0)
     gate = asyncio.Semaphore(options.concurrency)
     start = time.perf_counter()
 
     async def launch(i: int) -> None:
-        n_out = max(1, int(trace.output_length[i]))
+        n_out = max(1, int(outputs[i]))
         if options.max_output:
             n_out = min(n_out, options.max_output)
         n_out = min(n_out, context // 2)
-        n_in = max(1, min(int(trace.input_length[i]), context - n_out, options.max_input or context))
+        n_in = max(1, min(int(inputs[i]), context - n_out, options.max_input or context))
         sample = Sample(n_in, n_out)
         samples.append(sample)
         blocks.append(list(hashes[i]) if hashes and hashes[i] else [])
@@ -224,9 +244,10 @@ async def _replay(options: BenchOptions, samples: list[Sample], blocks: list[lis
         async with gate:
             if hashes and hashes[i]:
                 prompt = block_prompt(pool, hashes[i], n_in)
-            else:
-                offset = (i * 7919) % max(1, len(pool) - n_in)
-                prompt = pool[offset:offset + n_in]
+            else:  # distinct prompts (after the shared prefix), from one text
+                rest = max(0, n_in - len(prefix))
+                offset = len(prefix) + (i * 7919) % max(1, len(pool) - len(prefix) - rest)
+                prompt = (prefix + pool[offset:offset + rest])[:n_in]
             await _one(client, model, prompt, n_out, sample)
 
     progress = asyncio.create_task(_progress(samples, start))
@@ -241,6 +262,12 @@ def bench_serve(options: BenchOptions) -> dict[str, Any]:
     """Replay and summarise; the JSON record (with per-request samples)."""
     if options.speedup <= 0 or options.max_requests < 1 or options.request_rate < 0:
         raise ConfigError("--speedup must be > 0, --max-requests >= 1 and --request-rate >= 0")
+    if bool(options.trace) == bool(options.random_input_len):
+        raise ConfigError("bench serve: give --trace FILE (replay a trace) or --random-input-len N (synthetic "
+                          "requests), one of them")
+    if options.random_input_len and not 0 <= options.random_prefix_len <= options.random_input_len:
+        raise ConfigError(f"--random-prefix-len {options.random_prefix_len}: must lie in [0, --random-input-len "
+                          f"{options.random_input_len}]")
     samples: list[Sample] = []
     blocks: list[list[int]] = []
     before = asyncio.run(_server_tokens(options.url))

@@ -27,8 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="name, preset, HF directory or .gguf file (default: smollm2-135m; also --model)")
     p.add_argument("--model", default=None, help=argparse.SUPPRESS)
     p.add_argument("--candidate", default="", help="a candidate directory (candidate.py + manifest.json) to serve")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="the port to listen on")
     p.add_argument("--served-model-name", default="", help="the model name clients pass (default: --model)")
     p.add_argument("--admin-token-file", default="", help="file holding the admin API's bearer token "
                                                           "(without it the admin API is off)")
@@ -59,9 +59,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _register_bench(bench_sub: argparse._SubParsersAction) -> None:
     b = bench_sub.add_parser("serve", help="replay a trace against a running server with the openai client")
     b.add_argument("--base-url", "--url", dest="url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000")
-    b.add_argument("--trace", required=True, help="a trace file (any format `athanor traffic` reads)")
+    b.add_argument("--trace", default="", help="a trace file (any format `athanor traffic` reads) to replay")
+    b.add_argument("--random-input-len", type=int, default=0, help="instead of a trace, synthetic requests (vLLM's "
+                   "random dataset): --max-requests prompts of this many tokens, sent at once or at --request-rate")
+    b.add_argument("--random-output-len", type=int, default=128, help="tokens each synthetic request asks for")
+    b.add_argument("--random-prefix-len", type=int, default=0, help="leading tokens every synthetic prompt shares")
     b.add_argument("--speedup", type=float, default=1.0, help="replay this many times faster than recorded")
-    b.add_argument("--max-requests", type=int, default=100, help="replay at most this many requests")
+    b.add_argument("--max-requests", "--num-prompts", dest="max_requests", type=int, default=100,
+                   help="send at most this many requests")
     b.add_argument("--model", default="", help="model name to request (default: the server's first model)")
     b.add_argument("--max-input", type=int, default=0, help="cap prompt lengths (0: the server's context allows)")
     b.add_argument("--max-output", type=int, default=0, help="cap output lengths (0: as in the trace)")
@@ -160,7 +165,9 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     record = bench_serve(BenchOptions(
         url=args.url, trace=args.trace, speedup=args.speedup, max_requests=args.max_requests, model=args.model,
         max_input=args.max_input, max_output=args.max_output, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot,
-        concurrency=args.concurrency, request_rate=args.request_rate, seed=args.seed))
+        concurrency=args.concurrency, request_rate=args.request_rate, seed=args.seed,
+        random_input_len=args.random_input_len, random_output_len=args.random_output_len,
+        random_prefix_len=args.random_prefix_len))
     out = write_record(record, args.json)
     s = record["summary"]
     print(f"{s['completed']}/{s['requests']} ok, {s['output_tokens_per_s']:.1f} tok/s, "

@@ -83,11 +83,20 @@ def test_a_trace_replayed_against_a_running_server(tmp_path: Path, capsys: pytes
                                   for n, h in ((600, [0, 1]), (600, [0, 2]), (520, [0, 3]))))
         reuse, _ = _run(["serve", "--base-url", server.url, "--trace", str(blocks), "--request-rate", "50",
                          "--concurrency", "1"], tmp_path / "b.json", capsys)
+        # Synthetic requests (vLLM's random dataset), one at a time, sharing their first 32 tokens: two pages.
+        synthetic, _ = _run(["serve", "--base-url", server.url, "--random-input-len", "40", "--random-output-len", "3",
+                             "--random-prefix-len", "32", "--num-prompts", "3", "--concurrency", "1"],
+                            tmp_path / "r.json", capsys)
     assert record["summary"]["completed"] == 4 and record["summary"]["failed"] == 0 and "4/4 ok" in printed[-1]
     summary = reuse["summary"]
     assert summary["completed"] == 3 and reuse["options"]["request_rate"] == 50
     assert summary["server_prompt_tokens"] == 1720
     assert summary["server_prefill_tokens"] <= 1720 - 2 * 511  # the shared block computed once
+    # An ideal LRU cache of the server's pool computes 600 + 88 + 8 tokens: the server no more.
+    assert summary["lru_prefill_tokens"] == 696 and summary["prefill_vs_lru"] <= 1.0
+    made = synthetic["summary"]
+    assert made["completed"] == 3 and made["output_tokens"] == 9 and made["server_prompt_tokens"] == 120
+    assert made["server_prefill_tokens"] <= 40 + 2 * 8  # the shared prefix's two pages computed once
 
 
 def test_tiers_ranks_two_candidates_on_both_tiers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

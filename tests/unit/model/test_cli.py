@@ -136,3 +136,14 @@ def test_generate_reads_its_prompt_from_standard_input(smollm2) -> None:
     empty = subprocess.run([sys.executable, "-m", "athanor", "generate"], input="", capture_output=True, text=True,
                            timeout=300)
     assert_one_line_error(empty, "--prompt", "standard input was empty")
+
+
+def test_help_shows_each_default(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--help"])
+    assert e.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "sequences served at once (KV slots per candidate) (default: 8)" in text
+    assert "the port to listen on (default: 8000)" in text
+    assert "(default: False)" not in text and "(default: )" not in text  # flags off and empty strings say nothing
+    assert "(default: --model) (default" not in text  # a help that names its default is left as it is
