@@ -50,6 +50,32 @@ def read_config(directory: Path) -> tuple[ModelSpec, torch.dtype]:
     return spec_from_config(cfg, path), _DTYPES.get(str(cfg.get("torch_dtype") or cfg.get("dtype")), torch.float32)
 
 
+_ROPE_TYPES = (None, "default", "llama3")
+"""RoPE scalings the reference implements (none, or Llama 3's)."""
+
+
+def refuse_unimplemented(cfg: dict[str, Any], family: str, path: Path) -> None:
+    """A one-line ModelLoadError naming the config key, for what would load but compute other logits than HF's: a
+    RoPE scaling other than Llama 3's, a sliding attention window shorter than the model's context, MoE layers
+    interleaved with dense ones."""
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type"))
+    if kind not in _ROPE_TYPES:
+        raise ModelLoadError(f"{path}: rope_scaling of type {kind!r} is not implemented (only llama3 is), and the "
+                             "logits would be wrong at every position; this model cannot be loaded yet")
+    uses_window = cfg.get("use_sliding_window", False) if family.startswith("qwen") else True
+    window = cfg.get("sliding_window") if uses_window else None
+    context = int(cfg.get("max_position_embeddings", 4096))
+    if window is not None and int(window) < context:
+        raise ModelLoadError(f"{path}: sliding_window {window}: sliding-window attention is not implemented, and the "
+                             f"logits would be wrong past {window} tokens of a {context}-token context; this model "
+                             "cannot be loaded yet")
+    if int(cfg.get("decoder_sparse_step") or 1) != 1 or cfg.get("mlp_only_layers"):
+        raise ModelLoadError(f"{path}: decoder_sparse_step {cfg.get('decoder_sparse_step')} / mlp_only_layers "
+                             f"{cfg.get('mlp_only_layers')}: MoE layers interleaved with dense ones are not "
+                             "implemented (every layer must be MoE); this model cannot be loaded yet")
+
+
 def spec_from_config(cfg: dict[str, Any], path: Path) -> ModelSpec:
     family = str(cfg.get("model_type", ""))
     if family not in _ARCHITECTURES:
@@ -61,6 +87,7 @@ def spec_from_config(cfg: dict[str, Any], path: Path) -> ModelSpec:
         return cfg[key]
 
     hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
+    refuse_unimplemented(cfg, family, path)
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     scaling = None
     if rope.get("rope_type", rope.get("type")) == "llama3":

@@ -162,3 +162,34 @@ def test_truncated_real_gguf(tmp_path: Path, smollm2_gguf: Path) -> None:
         cut.write_bytes(src.read(20_000_000))
     with pytest.raises(ModelLoadError, match="cut.gguf"):
         read_gguf(cut)
+
+
+BASE_CONFIG = {"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 100, "max_position_embeddings": 32768}
+
+
+@pytest.mark.parametrize(("extra", "needle"), [
+    ({"sliding_window": 4096}, "sliding_window 4096: sliding-window attention is not implemented"),
+    ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 4096}, "sliding_window 4096"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling of type 'yarn' is not implemented"),
+    ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling of type 'linear'"),
+    ({"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 2},
+     "MoE layers interleaved with dense ones are not implemented"),
+])
+def test_configs_that_would_compute_other_logits_are_refused_by_key(tmp_path: Path, extra: dict, needle: str) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({**BASE_CONFIG, **extra}))
+    with pytest.raises(ModelLoadError, match=needle) as e:
+        load_model(str(tmp_path))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("extra", [
+    {"sliding_window": None}, {"sliding_window": 32768},  # no window, or one as long as the context
+    {"model_type": "qwen2", "use_sliding_window": False, "sliding_window": 4096},  # Qwen2's window, switched off
+    {"rope_scaling": {"rope_type": "default"}},
+])
+def test_inert_settings_of_those_keys_still_load(extra: dict) -> None:
+    from athanor.model.hf import spec_from_config
+
+    spec = spec_from_config({**BASE_CONFIG, **extra}, Path("m/config.json"))
+    assert spec.num_layers == 2
