@@ -50,6 +50,19 @@ class RequestChunk:
             None if self.latency_s is None else self.latency_s[start:stop],
         )
 
+    def take(self, order: np.ndarray) -> RequestChunk:
+        """The requests in `order` (indices [N'] into this chunk), their prefix blocks with them."""
+        hashes = offsets = None
+        if self.block_hashes is not None and self.block_offsets is not None:
+            starts, lens = self.block_offsets[:-1][order], np.diff(self.block_offsets)[order]
+            offsets = np.concatenate((np.zeros(1, dtype=np.int64), np.cumsum(lens)))
+            hashes = self.block_hashes[np.repeat(starts - offsets[:-1], lens) + np.arange(offsets[-1])]
+        return RequestChunk(
+            self.timestamp_s[order], self.input_length[order], self.output_length[order], hashes, offsets,
+            None if self.ttft_s is None else self.ttft_s[order],
+            None if self.latency_s is None else self.latency_s[order],
+        )
+
     @staticmethod
     def concat(chunks: list[RequestChunk]) -> RequestChunk:
         def cat(xs: list[np.ndarray | None]) -> np.ndarray | None:

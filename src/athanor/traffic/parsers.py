@@ -16,11 +16,14 @@ A block in the released Mooncake layout or a plain CSV goes through the vectoris
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+import numpy as np
 
 from athanor.errors import ConfigError
 from athanor.traffic.chunk import ColumnBuffer, RequestChunk
@@ -39,6 +42,8 @@ from athanor.traffic.formats import (
 log = logging.getLogger(__name__)
 
 BLOCK_BYTES = 4 << 20
+SORT_ROWS = 4_000_000
+"""Rows a trace reader sorts by arrival in memory (about 100 MB of columns); more stream in file order."""
 """Bytes of whole lines parsed at a time: bounds the parse's working memory."""
 
 
@@ -57,14 +62,44 @@ class TraceReader:
         self.chunk_rows = chunk_rows
         self.num_skipped = 0
         self.num_rows = 0
+        self.reordered = False
+        """Whether the rows were not in arrival order (and were sorted)."""
 
     def __iter__(self) -> Iterator[RequestChunk]:
+        """The requests in arrival order: a log written as requests finish (a server's under concurrency), or rows
+        shuffled, would otherwise read as traffic other than what arrived. A stable sort, as equal timestamps are
+        common (one second's resolution); in memory for the first `SORT_ROWS` rows, after which rows stream in file
+        order (a file that big out of order is reported once)."""
+        pieces = self._csv() if self.format in ("azure", "burstgpt") else self._jsonl()
+        head: list[RequestChunk] = []
+        num_head = 0
+        for piece in pieces:
+            if len(piece):
+                head.append(piece)
+                num_head += len(piece)
+            if num_head >= SORT_ROWS:
+                break
+        if not head:
+            return
+        first = RequestChunk.concat(head)
+        if bool(np.any(np.diff(first.timestamp_s) < 0)):
+            first = first.take(np.argsort(first.timestamp_s, kind="stable"))
+            self.reordered = True
+        yield from self._in_chunks(itertools.chain([first], pieces))
+
+    def _in_chunks(self, pieces: Iterator[RequestChunk]) -> Iterator[RequestChunk]:
         pending: list[RequestChunk] = []
         num_pending = 0
-        pieces = self._csv() if self.format in ("azure", "burstgpt") else self._jsonl()
+        last_t, warned = float("-inf"), False
         for piece in pieces:
             if not len(piece):
                 continue
+            t = piece.timestamp_s
+            if not warned and (float(t[0]) < last_t or bool(np.any(np.diff(t) < 0))):
+                log.warning("%s: rows out of time order past its first %d: they are read in file order (sort the "
+                            "file by arrival time)", self.path, SORT_ROWS)
+                warned = True
+            last_t = max(last_t, float(t.max()))
             pending.append(piece)
             num_pending += len(piece)
             if num_pending >= self.chunk_rows:

@@ -66,3 +66,35 @@ def test_small_samples_not_judged():
     p = profile_chunks([c], "tiny")
     r = compare_profiles(p, dataclasses.replace(p, source="tiny2"))
     assert not r.drifted and "not judged" in r.note
+
+
+@pytest.mark.parametrize("name", [*TRACE_FILES[:2], pytest.param(TRACE_FILES[2], marks=pytest.mark.slow)])
+def test_shuffled_random_halves_of_a_file_do_not_drift(traces, name, tmp_path, capsys):
+    """Rows out of time order (a log written as requests finish, a shuffled file) are read in arrival order: two
+    random halves of one trace, each shuffled and written as a file, are the same traffic to `traffic drift`."""
+    lines = [line + "\n" for line in (traces / name).read_text().splitlines()]
+    header, rows = (lines[:1], lines[1:]) if name.endswith(".csv") else ([], lines)
+    rng = np.random.default_rng(1)
+    codes = []
+    for split in range(20):
+        pick = rng.random(len(rows)) < 0.5
+        paths = []
+        for side, keep in (("a", pick), ("b", ~pick)):
+            half = [rows[i] for i in np.flatnonzero(keep)]
+            rng.shuffle(half)
+            path = tmp_path / f"{split}{side}{(traces / name).suffix}"
+            path.write_text("".join(header + half))
+            paths.append(str(path))
+        codes.append(main(["traffic", "drift", *paths]))
+    capsys.readouterr()
+    assert codes == [0] * 20
+
+
+def test_rows_out_of_order_are_read_in_arrival_order_with_their_blocks(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(f'{{"timestamp": {t}, "input_length": {n}, "output_length": 1, "hash_ids": {h}}}\n'
+                            for t, n, h in ((30, 3, [3]), (10, 1, [1, 1]), (20, 2, []), (10, 4, [4]))))
+    c = read_columns(path)
+    assert c.timestamp_s.tolist() == [0.01, 0.01, 0.02, 0.03]  # Mooncake's milliseconds, in seconds
+    assert c.input_length.tolist() == [1, 4, 2, 3]  # a stable sort: equal times keep their file order
+    assert c.hash_ids == [[1, 1], [4], [], [3]]
