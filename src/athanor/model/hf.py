@@ -8,6 +8,7 @@ so `athanor save-random` produces a directory that HF transformers can load too.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -50,8 +51,8 @@ def read_config(directory: Path) -> tuple[ModelSpec, torch.dtype]:
     return spec_from_config(cfg, path), _DTYPES.get(str(cfg.get("torch_dtype") or cfg.get("dtype")), torch.float32)
 
 
-_ROPE_TYPES = (None, "default", "llama3")
-"""RoPE scalings the reference implements (none, or Llama 3's)."""
+_ROPE_TYPES = (None, "default", "llama3", "linear", "yarn")
+"""RoPE scalings the reference implements."""
 
 
 def refuse_unimplemented(cfg: dict[str, Any], family: str, path: Path) -> None:
@@ -61,8 +62,8 @@ def refuse_unimplemented(cfg: dict[str, Any], family: str, path: Path) -> None:
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     kind = rope.get("rope_type", rope.get("type"))
     if kind not in _ROPE_TYPES:
-        raise ModelLoadError(f"{path}: rope_scaling of type {kind!r} is not implemented (only llama3 is), and the "
-                             "logits would be wrong at every position; this model cannot be loaded yet")
+        raise ModelLoadError(f"{path}: rope_scaling of type {kind!r} is not implemented (llama3, linear and yarn "
+                             "are), and the logits would be wrong at every position; this model cannot be loaded yet")
     uses_window = cfg.get("use_sliding_window", False) if family.startswith("qwen") else True
     window = cfg.get("sliding_window") if uses_window else None
     context = int(cfg.get("max_position_embeddings", 4096))
@@ -74,6 +75,35 @@ def refuse_unimplemented(cfg: dict[str, Any], family: str, path: Path) -> None:
         raise ModelLoadError(f"{path}: decoder_sparse_step {cfg.get('decoder_sparse_step')} / mlp_only_layers "
                              f"{cfg.get('mlp_only_layers')}: MoE layers interleaved with dense ones are not "
                              "implemented (every layer must be MoE); this model cannot be loaded yet")
+
+
+def rope_scaling(rope: dict[str, Any], cfg: dict[str, Any], path: Path) -> RopeScaling | None:
+    """The `rope_scaling` (or `rope_parameters`) of an HF config as a `RopeScaling` (None: plain RoPE)."""
+    kind = rope.get("rope_type", rope.get("type"))
+    if kind in (None, "default"):
+        return None
+    try:
+        if kind == "llama3":
+            return RopeScaling(factor=float(rope["factor"]), low_freq_factor=float(rope["low_freq_factor"]),
+                               high_freq_factor=float(rope["high_freq_factor"]),
+                               original_max_position_embeddings=int(rope["original_max_position_embeddings"]))
+        if kind == "linear":
+            return RopeScaling(factor=float(rope["factor"]), kind="linear")
+        original = int(rope.get("original_max_position_embeddings") or cfg.get("max_position_embeddings", 4096))
+        factor = float(rope.get("factor") or int(cfg["max_position_embeddings"]) / original)
+    except KeyError as e:
+        raise ModelLoadError(f"{path}: rope_scaling of type {kind!r} needs {e.args[0]!r}") from None
+    mscale, mscale_all = rope.get("mscale"), rope.get("mscale_all_dim")
+    attention = rope.get("attention_factor") or (
+        yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all) if mscale and mscale_all else yarn_mscale(factor))
+    return RopeScaling(factor=factor, original_max_position_embeddings=original, kind="yarn",
+                       beta_fast=float(rope.get("beta_fast") or 32), beta_slow=float(rope.get("beta_slow") or 1),
+                       attention_factor=float(attention))
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature for a context `factor` times longer: 0.1 mscale ln(factor) + 1."""
+    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 
 def spec_from_config(cfg: dict[str, Any], path: Path) -> ModelSpec:
@@ -89,13 +119,7 @@ def spec_from_config(cfg: dict[str, Any], path: Path) -> ModelSpec:
     hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
     refuse_unimplemented(cfg, family, path)
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    scaling = None
-    if rope.get("rope_type", rope.get("type")) == "llama3":
-        scaling = RopeScaling(
-            factor=float(rope["factor"]), low_freq_factor=float(rope["low_freq_factor"]),
-            high_freq_factor=float(rope["high_freq_factor"]),
-            original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
-        )
+    scaling = rope_scaling(rope, cfg, path)
     moe = None
     num_experts = cfg.get("num_experts") or cfg.get("num_local_experts")
     if num_experts:
@@ -205,9 +229,15 @@ def hf_config(spec: ModelSpec, dtype: torch.dtype) -> dict[str, Any]:
     }
     if spec.rope_scaling:
         s = spec.rope_scaling
-        cfg["rope_scaling"] = {"rope_type": "llama3", "factor": s.factor, "low_freq_factor": s.low_freq_factor,
-                               "high_freq_factor": s.high_freq_factor,
-                               "original_max_position_embeddings": s.original_max_position_embeddings}
+        cfg["rope_scaling"] = {
+            "llama3": {"rope_type": "llama3", "factor": s.factor, "low_freq_factor": s.low_freq_factor,
+                       "high_freq_factor": s.high_freq_factor,
+                       "original_max_position_embeddings": s.original_max_position_embeddings},
+            "linear": {"rope_type": "linear", "factor": s.factor},
+            "yarn": {"rope_type": "yarn", "factor": s.factor, "beta_fast": s.beta_fast, "beta_slow": s.beta_slow,
+                     "attention_factor": s.attention_factor,
+                     "original_max_position_embeddings": s.original_max_position_embeddings},
+        }[s.kind]
     if spec.moe:
         m = spec.moe
         key = "num_local_experts" if family == "mixtral" else "num_experts"

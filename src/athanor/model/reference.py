@@ -25,7 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from athanor.model import BuildContext, DecodeBatch, Model, PrefillBatch
-from athanor.model.spec import ModelSpec
+from athanor.model.spec import ModelSpec, RopeScaling
 
 SEAM_VERSION = 2
 """The candidate seam this file follows (`athanor.model.seam.SEAM_VERSION`)."""
@@ -49,12 +49,16 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 def rope_inv_freq(spec: ModelSpec) -> Tensor:
-    """Inverse frequencies [head_dim / 2] fp32, with Llama-3 scaling when the spec asks for it."""
+    """Inverse frequencies [head_dim / 2] fp32, scaled as the spec's `rope_scaling` says."""
     d = spec.head_dim
     inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
     s = spec.rope_scaling
     if s is None:
         return inv_freq
+    if s.kind == "linear":
+        return inv_freq / s.factor
+    if s.kind == "yarn":
+        return yarn_inv_freq(inv_freq, s, spec.rope_theta)
     low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
     high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
@@ -65,6 +69,30 @@ def rope_inv_freq(spec: ModelSpec) -> Tensor:
     smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
     is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
     return torch.where(is_medium, smoothed, scaled)
+
+
+def yarn_inv_freq(inv_freq: Tensor, s: RopeScaling, base: float) -> Tensor:
+    """YaRN (Peng et al., 2023): a dimension that turns fewer than `beta_slow` times over the original context is
+    interpolated (divided by the factor), one that turns more than `beta_fast` times kept, and those between blend
+    linearly in their index."""
+    d = 2 * inv_freq.shape[0]
+
+    def dim_turning(turns: float) -> float:  # the dimension that turns `turns` times over the original context
+        return d * math.log(s.original_max_position_embeddings / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(dim_turning(s.beta_fast)), 0)
+    high = min(math.ceil(dim_turning(s.beta_slow)), d - 1)
+    ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / max(high - low, 1e-3)).clamp(0, 1)
+    return inv_freq / s.factor * ramp + inv_freq * (1 - ramp)
+
+
+def rope_tables(spec: ModelSpec, length: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos and sin [length, head_dim] of positions 0..length-1, times YaRN's attention factor where it applies."""
+    freqs = torch.outer(torch.arange(length, dtype=torch.float32), rope_inv_freq(spec))
+    emb = torch.cat((freqs, freqs), dim=-1)
+    scale = spec.rope_scaling.attention_factor if spec.rope_scaling is not None else 1.0
+    return ((emb.cos() * scale).to(device=device, dtype=dtype).contiguous(),
+            (emb.sin() * scale).to(device=device, dtype=dtype).contiguous())
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -87,11 +115,7 @@ class ReferenceForward:
         self.ctx = ctx
         # The MoE expert loop has data-dependent shapes, so only dense models can be captured.
         self.graph_safe = spec.moe is None
-        positions = torch.arange(ctx.max_seq_len, dtype=torch.float32)
-        freqs = torch.outer(positions, rope_inv_freq(spec))
-        emb = torch.cat((freqs, freqs), dim=-1)  # [max_seq_len, D]
-        self.cos = emb.cos().to(device=ctx.device, dtype=ctx.dtype)
-        self.sin = emb.sin().to(device=ctx.device, dtype=ctx.dtype)
+        self.cos, self.sin = rope_tables(spec, ctx.max_seq_len, ctx.device, ctx.dtype)  # [max_seq_len, D]
         pool_shape = (ctx.num_pages + 1, spec.num_kv_heads, ctx.page_size, spec.head_dim)
         self.k_cache = [ctx.allocate(pool_shape) for _ in range(spec.num_layers)]
         self.v_cache = [ctx.allocate(pool_shape) for _ in range(spec.num_layers)]

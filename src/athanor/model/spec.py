@@ -13,12 +13,19 @@ from typing import Any, Literal
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """Llama-3 style frequency scaling of RoPE (`rope_type: llama3` in HF configs)."""
+    """Frequency scaling of RoPE, as HF configs' `rope_scaling` (`athanor.model.reference.rope_inv_freq`)."""
 
     factor: float = 8.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    kind: str = "llama3"
+    """`rope_type`: "llama3" (Llama 3.1's smoothed band), "linear" (positions divided by `factor`) or "yarn"."""
+    beta_fast: float = 32.0
+    """YaRN: rotations in the original context below which a dimension is interpolated, above `beta_slow` kept."""
+    beta_slow: float = 1.0
+    attention_factor: float = 1.0
+    """YaRN: the scale of cos and sin (so of every attention logit's rotated part); 1 for the other kinds."""
 
 
 @dataclass(frozen=True)

@@ -171,8 +171,8 @@ BASE_CONFIG = {"model_type": "mistral", "hidden_size": 64, "num_attention_heads"
 @pytest.mark.parametrize(("extra", "needle"), [
     ({"sliding_window": 4096}, "sliding_window 4096: sliding-window attention is not implemented"),
     ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 4096}, "sliding_window 4096"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling of type 'yarn' is not implemented"),
-    ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling of type 'linear'"),
+    ({"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, "rope_scaling of type 'dynamic' is not implemented"),
+    ({"rope_scaling": {"type": "longrope", "factor": 2.0}}, "rope_scaling of type 'longrope'"),
     ({"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 2},
      "MoE layers interleaved with dense ones are not implemented"),
 ])
@@ -193,3 +193,18 @@ def test_inert_settings_of_those_keys_still_load(extra: dict) -> None:
 
     spec = spec_from_config({**BASE_CONFIG, **extra}, Path("m/config.json"))
     assert spec.num_layers == 2
+
+
+@pytest.mark.parametrize("kind", ["linear", "yarn"])
+def test_scaled_rope_round_trips_through_an_hf_directory(tmp_path: Path, kind: str) -> None:
+    import dataclasses
+
+    from athanor.model.spec import RopeScaling
+
+    scaling = RopeScaling(factor=4.0, original_max_position_embeddings=16, kind=kind,
+                          attention_factor=1.2 if kind == "yarn" else 1.0)
+    if kind == "linear":  # a linear scaling has a factor only
+        scaling = RopeScaling(factor=4.0, kind="linear")
+    model = random_model(dataclasses.replace(get_preset("tiny-dense"), rope_scaling=scaling), seed=1)
+    save_hf(model, tmp_path)
+    assert read_hf_dir(tmp_path)[0].spec.rope_scaling == scaling

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -20,7 +19,7 @@ from athanor.kernels import (
     rope_cache_attention,
 )
 from athanor.model import BuildContext, ModelSpec, PrefillBatch
-from athanor.model.reference import PREFILL_SDPA, PrefillExtent, rope_inv_freq
+from athanor.model.reference import PREFILL_SDPA, PrefillExtent, rope_tables
 from athanor.moves.templates.fast.kv_cache import KVCache
 from athanor.moves.templates.fast.linear import Linears
 from athanor.moves.templates.fast.options import OPTIONS, impl
@@ -44,12 +43,8 @@ class Attention:
         self.static = bool(OPTIONS["graphs"]) or OPTIONS["compile"] is not None
         # The Triton split-KV attention adds the 1 to each row's position itself (`lens_offset`): one launch fewer.
         self.lens_offset = 1 if OPTIONS["attention"] == "triton_split_kv" else 0
-        # The reference's frequencies (Llama-3 scaling included), so the rotation matches the oracle's.
-        positions = torch.arange(ctx.max_seq_len, dtype=torch.float32)
-        freqs = torch.outer(positions, rope_inv_freq(spec))
-        emb = torch.cat((freqs, freqs), dim=-1)  # [max_seq_len, D]
-        self.cos = emb.cos().to(device=ctx.device, dtype=ctx.dtype).contiguous()
-        self.sin = emb.sin().to(device=ctx.device, dtype=ctx.dtype).contiguous()
+        # The reference's tables (its RoPE scaling included), so the rotation matches the oracle's.
+        self.cos, self.sin = rope_tables(spec, ctx.max_seq_len, ctx.device, ctx.dtype)
 
     def qkv(self, layer: Layer, h: Tensor, norm: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """q [N, Hq, D], k and v [N, Hkv, D] (not q/k-normed, not rotated: `qk_norm`, `attend`) for hidden
