@@ -46,5 +46,8 @@ def write_pages(table: Tensor, updates: list[tuple[int, int, int]]) -> None:
     stream order (a step queued before sees the table as it was)."""
     if not updates:
         return
-    rows, cols, pages = torch.tensor(updates, dtype=torch.long).to(table.device).T
+    host = torch.tensor(updates, dtype=torch.long)
+    if table.is_cuda:  # pinned, so the copy is queued behind a step in flight instead of waiting for it
+        host = host.pin_memory()
+    rows, cols, pages = host.to(table.device, non_blocking=True).T
     table.index_put_((rows, cols), pages.to(table.dtype))

@@ -282,7 +282,7 @@ class Session:
             started, on_clock = time.monotonic(), self.clock()
             slow_verdict = slow.evaluate(cand, self.baseline)
             # The first one started the slow tier's engines: with its timing done, it is what a reserve must hold.
-            last = self.clock() - on_clock
+            last = max(self.reserve, self.clock() - on_clock)  # one that failed fast says nothing of the next
             if i == 0 and any(stage == "slow" for stage, _ in slow_verdict.stages):
                 record_confirmation(self.config.confirmation_key, time.monotonic() - started)
             self.slow_verdicts[cand.id] = slow_verdict

@@ -101,7 +101,11 @@ def _spec_from_fields(fields: dict[str, Any], tensor_names: set[str], path: Path
     tokens = fields.get("tokenizer.ggml.tokens")
     vocab = int(fields.get(f"{arch}.vocab_size", len(tokens) if isinstance(tokens, list) else 0))
     scaling = None
-    if fields.get(f"{arch}.rope.scaling.type") == "llama3":
+    kind = fields.get(f"{arch}.rope.scaling.type")
+    if kind not in (None, "none", "llama3"):  # a GGUF names no YaRN band or attention factor that HF configs carry
+        raise ModelLoadError(f"{path}: {arch}.rope.scaling.type {kind!r} is not implemented for GGUF files (only "
+                             "llama3 is), and the logits would be wrong; load the model's HF directory instead")
+    if kind == "llama3":
         scaling = RopeScaling(
             factor=float(fields.get(f"{arch}.rope.scaling.factor", 8.0)),
             original_max_position_embeddings=int(fields.get(f"{arch}.rope.scaling.original_context_length", 8192)),

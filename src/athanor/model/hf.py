@@ -98,7 +98,7 @@ def rope_scaling(rope: dict[str, Any], cfg: dict[str, Any], path: Path) -> RopeS
         yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all) if mscale and mscale_all else yarn_mscale(factor))
     return RopeScaling(factor=factor, original_max_position_embeddings=original, kind="yarn",
                        beta_fast=float(rope.get("beta_fast") or 32), beta_slow=float(rope.get("beta_slow") or 1),
-                       attention_factor=float(attention))
+                       attention_factor=float(attention), truncate=bool(rope.get("truncate", True)))
 
 
 def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
@@ -235,7 +235,7 @@ def hf_config(spec: ModelSpec, dtype: torch.dtype) -> dict[str, Any]:
                        "original_max_position_embeddings": s.original_max_position_embeddings},
             "linear": {"rope_type": "linear", "factor": s.factor},
             "yarn": {"rope_type": "yarn", "factor": s.factor, "beta_fast": s.beta_fast, "beta_slow": s.beta_slow,
-                     "attention_factor": s.attention_factor,
+                     "attention_factor": s.attention_factor, "truncate": s.truncate,
                      "original_max_position_embeddings": s.original_max_position_embeddings},
         }[s.kind]
     if spec.moe:

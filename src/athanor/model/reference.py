@@ -80,8 +80,10 @@ def yarn_inv_freq(inv_freq: Tensor, s: RopeScaling, base: float) -> Tensor:
     def dim_turning(turns: float) -> float:  # the dimension that turns `turns` times over the original context
         return d * math.log(s.original_max_position_embeddings / (turns * 2 * math.pi)) / (2 * math.log(base))
 
-    low = max(math.floor(dim_turning(s.beta_fast)), 0)
-    high = min(math.ceil(dim_turning(s.beta_slow)), d - 1)
+    low, high = dim_turning(s.beta_fast), dim_turning(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
     ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / max(high - low, 1e-3)).clamp(0, 1)
     return inv_freq / s.factor * ramp + inv_freq * (1 - ramp)
 

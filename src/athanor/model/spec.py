@@ -26,6 +26,8 @@ class RopeScaling:
     beta_slow: float = 1.0
     attention_factor: float = 1.0
     """YaRN: the scale of cos and sin (so of every attention logit's rotated part); 1 for the other kinds."""
+    truncate: bool = True
+    """YaRN: round the blended band's edges to whole dimensions (HF's default)."""
 
 
 @dataclass(frozen=True)

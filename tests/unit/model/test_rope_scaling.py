@@ -17,6 +17,7 @@ SCALINGS = [
     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 16.0,
      "beta_slow": 2.0, "attention_factor": 1.3},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 12.0, "truncate": False},
     {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
      "original_max_position_embeddings": 16},
 ]
