@@ -11,6 +11,9 @@ ways to fill it:
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor
 
@@ -39,6 +42,39 @@ def deal(table: Tensor, num_pages: int, seed: int) -> None:
     keys it did not write this trajectory computes wrong logits."""
     dealt = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed)).to(torch.int32)
     table[:-1].copy_(dealt.view(table.shape[0] - 1, table.shape[1]))
+
+
+@contextlib.contextmanager
+def shared_prefix(table: Tensor, shared: Tensor | None) -> Iterator[None]:
+    """While the block holds: `shared` = (source, slot, n) points the slot's first n table entries at the source
+    slot's pages (`ScriptStep.shared`); the slot's own entries come back after."""
+    if shared is None:
+        yield
+        return
+    source, slot, n = (int(v) for v in shared.tolist())
+    own = table[slot, :n].clone()
+    table[slot, :n] = table[source, :n]
+    try:
+        yield
+    finally:
+        table[slot, :n] = own
+
+
+def check_shared(shared: Tensor | None, slots: list[int], starts: list[int], cfg: EngineConfig) -> str:
+    """Why a step's `shared` prefix is not one this engine can lend ("" when it can): a static table, slots in
+    range, and the slot's step writing only past the borrowed pages (a write there would land in the source's)."""
+    if shared is None:
+        return ""
+    if cfg.kv_pages or shared.numel() != 3:
+        return "a shared prefix needs a static block table and (source slot, slot, pages)"
+    source, slot, n = (int(v) for v in shared.tolist())
+    if not (0 <= source < cfg.max_seqs and 0 <= slot < cfg.max_seqs and source != slot
+            and 0 < n <= pages_per_seq(cfg)):
+        return f"shared prefix {(source, slot, n)}: slots must be two of 0..{cfg.max_seqs - 1}, pages 1.." \
+               f"{pages_per_seq(cfg)}"
+    if any(s == slot and start < n * cfg.page_size for s, start in zip(slots, starts, strict=True)):
+        return f"shared prefix: slot {slot}'s step starts inside the {n} pages it borrows"
+    return ""
 
 
 def write_pages(table: Tensor, updates: list[tuple[int, int, int]]) -> None:

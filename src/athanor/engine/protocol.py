@@ -130,6 +130,9 @@ class ScriptStep:
     cu_seqlens: Tensor | None = None
     next_tokens: Tensor | None = None
     keep_logits: bool = False
+    shared: Tensor | None = None
+    """[3] int64 (source slot, slot, pages): for this step only, the slot's first `pages` block-table entries are
+    the source slot's, a prefix it shares as a server's prefix cache shares one; it reads keys it never wrote."""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from athanor.engine import protocol as p
 from athanor.engine.candidate import candidate_failure, collector_off
+from athanor.engine.pages import shared_prefix
 from athanor.engine.requests import BadRequest
 from athanor.engine.trajectory import (
     StepTimer,
@@ -77,7 +78,8 @@ def run_step(engine: Engine, req: p.StepRequest) -> p.StepReply:
         with collector_off(), engine.armed():
             if req.poison:
                 poison_outputs(resident)
-            logits, tokens, graph, seconds = timer.run(resident, x, req.step.kind)
+            with shared_prefix(resident.ctx.table, req.step.shared):
+                logits, tokens, graph, seconds = timer.run(resident, x, req.step.kind)
             feats, argmax = fingerprint(logits, proj, None)
             check_greedy_tokens(resident, tokens, argmax)
             kept = _kept[cid] = logits.float().clone()

@@ -50,7 +50,7 @@ from torch import Tensor
 from athanor.engine import protocol as p
 from athanor.engine.candidate import MODULE_PREFIX, candidate_failure, collector_off
 from athanor.engine.graphs import check_logits
-from athanor.engine.pages import deal
+from athanor.engine.pages import check_shared, deal, shared_prefix
 from athanor.engine.requests import BadRequest, validate_decode, validate_prefill
 from athanor.errors import CandidateError
 from athanor.model import Model, PrefillBatch
@@ -221,6 +221,8 @@ def validate_step(engine: Engine, step: p.ScriptStep) -> Any:
     """A script step's inputs on the engine's device, checked against its limits (BadRequest otherwise)."""
     run = as_run_request(step)
     cfg, vocab, device = engine.config, engine.model.spec.vocab_size, engine.device
+    if why := check_shared(step.shared, step.slots.tolist(), step.seq_lens.tolist(), cfg):
+        raise BadRequest(f"trajectory: {why}")
     if step.kind == "decode":
         return validate_decode(run, cfg, vocab, device)
     if step.kind == "prefill":
@@ -356,7 +358,8 @@ def run_trajectory(engine: Engine, req: p.TrajectoryRequest) -> p.TrajectoryRepl
                     if req.poison:
                         poison_outputs(resident)
                     t0 = _clock()
-                    logits, tokens, graph, seconds = timer.run(resident, x, step.kind)
+                    with shared_prefix(resident.ctx.table, step.shared):
+                        logits, tokens, graph, seconds = timer.run(resident, x, step.kind)
                     t1 = _clock()
                     times[c, s] = seconds
                     used_graph |= graph

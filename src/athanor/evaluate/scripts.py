@@ -11,6 +11,7 @@ is one the candidate has not seen in warm-up.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from functools import cache
@@ -20,6 +21,7 @@ import torch
 
 from athanor.engine.protocol import ScriptStep
 from athanor.evaluate.objective import StepShape
+from athanor.model.seam import PAGE_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -169,9 +171,12 @@ def prefill_script(text: TextSource, shape: StepShape, num_steps: int, warmup: i
 def check_script(text: TextSource, max_seqs: int, max_seq_len: int, num_decode: int = 8,
                  max_tokens: int = 0) -> Script:
     """The correctness script: several batch sizes and context lengths, a fresh prefill, a continued
-    (chunked) prefill, and decode steps; full logits kept for most steps. `max_tokens` (0: no cap)
-    bounds the prompt tokens of each batch, which bounds the check's cost on a slow device."""
+    (chunked) prefill, and decode steps; full logits kept for most steps; then a prefix shared between two
+    slots (`shared_prefix_step`). `max_tokens` (0: no cap) bounds the prompt tokens of each batch, which
+    bounds the check's cost on a slow device."""
     steps: list[ScriptStep] = []
+    texts: list[list[int]] = []
+    lens: list[int] = []
     for b, ctx in sorted({(1, 5), (min(3, max_seqs), max_seq_len // 4), (max_seqs, max_seq_len // 2)}):
         ctx = max(2, min(ctx, max_seq_len - num_decode - 2, max_tokens // b if max_tokens else ctx))
         lens = [max(2, ctx - 2 * i) for i in range(b)]
@@ -185,7 +190,24 @@ def check_script(text: TextSource, max_seqs: int, max_seq_len: int, num_decode: 
             steps.append(decode_step([t[n + j] for t, n in zip(texts, lens, strict=True)], [n + j for n in lens],
                                      list(range(b)), [t[n + j + 1] for t, n in zip(texts, lens, strict=True)],
                                      keep_logits=j % 2 == 0))
+    if len(lens) > 1 and (shared := shared_prefix_step(text, lens[0], max_seq_len)) is not None:
+        steps.append(shared)
     return Script(tuple(steps), tuple(range(len(steps))))
+
+
+def shared_prefix_step(text: TextSource, held: int, max_seq_len: int, page_size: int = PAGE_SIZE
+                       ) -> ScriptStep | None:
+    """Slot 1 continues the first half of the `held` tokens in slot 0's pages, which it borrows for the step (`ScriptStep.shared`), with new text: the keys it attends to are slot 0's, as after a server's prefix
+    cache hit. A forward that keeps its own per-slot addressing instead of reading the block table attends to
+    slot 1's stale keys and fails the comparison. None when slot 0 holds less than a page."""
+    pages = held // 2 // page_size
+    n = pages * page_size
+    more = min(8, max_seq_len - n - 1)
+    if pages == 0 or more < 1:
+        return None
+    new = text.take(more + 1)
+    step = prefill_step([new[:more]], [1], [n], [new[more]], keep_logits=True)
+    return dataclasses.replace(step, shared=_long([0, 1, pages]))
 
 
 def smoke_script(text: TextSource) -> Script:

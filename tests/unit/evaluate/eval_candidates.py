@@ -48,6 +48,19 @@ WRONG = patched(
     "logits off by 1%",
 )
 
+IGNORES_TABLE = patched(
+    "_reference_build = build\n"
+    "def build(model, ctx):\n"
+    "    forward = _reference_build(model, ctx)\n"
+    "    # Pages of its own per slot (slot s: s * per_seq, ...), consistent with itself: the engine's table unread.\n"
+    "    per_seq = ctx.pages_per_seq\n"
+    "    own = torch.arange(ctx.max_seqs * per_seq, dtype=torch.int32, device=ctx.device).view(ctx.max_seqs, per_seq)\n"
+    "    pad = torch.full((1, per_seq), ctx.num_pages, dtype=torch.int32, device=ctx.device)\n"
+    "    forward.block_table = torch.cat([own, pad])\n"
+    "    return forward\n",
+    "keeps its own per-slot pages instead of reading the engine's block table",
+)
+
 NUDGED = patched(
     "_reference_build = build\n"
     "def build(model, ctx):\n"

@@ -65,6 +65,13 @@ def test_wrong_logits_are_rejected_at_correctness(evaluator: Evaluator) -> None:
     assert "tolerance" in v.reason
 
 
+def test_a_forward_that_ignores_the_block_table_is_rejected_at_correctness(evaluator: Evaluator) -> None:
+    # Self-consistent until a slot reads a prefix it shares with another (the check script's last step), as a
+    # server's prefix cache and preemption make it do.
+    v = evaluator.evaluate(c.IGNORES_TABLE, incumbent=c.BASE)
+    assert not v.accepted and v.stage == "correctness", _show(v)
+
+
 def test_identical_source_is_rejected(evaluator: Evaluator) -> None:
     v = evaluator.evaluate(c.BASE, incumbent=c.BASE)
     assert not v.accepted and v.stage == "static"
