@@ -122,7 +122,9 @@ class TrafficProfile:
     """Per-window profiles over time (each without windows of its own)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields, and `hist_edges`: the lower edge of each bucket of every `*hist` list (powers of two; the
+        first also holds 0), so the JSON reads without this code."""
+        return {**dataclasses.asdict(self), "hist_edges": [0, *(2**k for k in range(1, NUM_BUCKETS))]}
 
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), indent=indent)

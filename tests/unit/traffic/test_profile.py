@@ -22,6 +22,8 @@ def test_round_trip_and_windows(traces, tmp_path):
     assert len(p.windows) == 6 and sum(w.num_requests for w in p.windows) == p.num_requests
     f = tmp_path / "p.json"
     f.write_text(p.to_json())
+    edges = json.loads(f.read_text())["hist_edges"]  # the JSON says what its histograms' buckets are
+    assert edges[:4] == [0, 2, 4, 8] and len(edges) == len(p.input.hist)
     assert load_profile(str(f)) == p
 
 
