@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +158,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def results_table(s: dict[str, Any]) -> str:
+    """A bench serve summary as rows of name and value (vLLM's benchmark prints the same figures)."""
+    def ms(d: dict[str, float]) -> str:
+        return " / ".join(f"{1000 * d[k]:.1f}" for k in ("mean", "p50", "p90", "p99"))
+
+    rows = [("requests ok / sent", f"{s['completed']} / {s['requests']}"), ("duration (s)", f"{s['duration_s']:.2f}"),
+            ("output tokens/s", f"{s['output_tokens_per_s']:.1f}"), ("requests/s", f"{s['requests_per_s']:.2f}"),
+            ("goodput (requests/s within the SLOs)", f"{s['goodput_requests_per_s']:.2f}"),
+            ("TTFT ms (mean / p50 / p90 / p99)", ms(s["ttft_s"])), ("TPOT ms", ms(s["tpot_s"])),
+            ("ITL ms", ms(s["itl_s"])), ("E2E ms", ms(s["e2e_s"])),
+            ("prompt tokens computed / sent", f"{s['server_prefill_tokens']:.0f} / {s['server_prompt_tokens']:.0f}")]
+    if s.get("prefill_vs_lru"):
+        rows.append((f"computed vs an LRU cache of {s['kv_pool_tokens']:.0f} tokens", f"{s['prefill_vs_lru']:.2f}x"))
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
 def cmd_bench_serve(args: argparse.Namespace) -> int:
     from athanor.bench.record import write_record, written
     from athanor.bench.serve import BenchOptions, bench_serve
@@ -170,6 +188,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         random_prefix_len=args.random_prefix_len))
     out = write_record(record, args.json)
     s = record["summary"]
+    print(results_table(s))
     print(f"{s['completed']}/{s['requests']} ok, {s['output_tokens_per_s']:.1f} tok/s, "
           f"TTFT p50 {s['ttft_s']['p50']:.3f}s, TPOT p50 {s['tpot_s']['p50']:.4f}s, "
           f"goodput {s['goodput_requests_per_s']:.2f} req/s, prompt tokens computed by the server "

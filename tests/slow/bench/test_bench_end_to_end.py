@@ -88,6 +88,7 @@ def test_a_trace_replayed_against_a_running_server(tmp_path: Path, capsys: pytes
                              "--random-prefix-len", "32", "--num-prompts", "3", "--concurrency", "1"],
                             tmp_path / "r.json", capsys)
     assert record["summary"]["completed"] == 4 and record["summary"]["failed"] == 0 and "4/4 ok" in printed[-1]
+    assert any(line.startswith("TTFT ms (mean / p50 / p90 / p99)") for line in printed)  # the results table
     summary = reuse["summary"]
     assert summary["completed"] == 3 and reuse["options"]["request_rate"] == 50
     assert summary["server_prompt_tokens"] == 1720
