@@ -41,11 +41,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="", help="float32, bfloat16, ... (default: bfloat16 on CUDA, as stored on "
                                                "the CPU)")
     p.add_argument("--max-seqs", type=int, default=8, help="sequences served at once (KV slots per candidate)")
-    p.add_argument("--max-model-len", "--max-seq-len", dest="max_seq_len", type=int, default=2048,
-                   help="context length (prompt + output tokens)")
+    p.add_argument("--max-model-len", "--max-seq-len", dest="max_seq_len", type=int, default=0,
+                   help="context length (prompt + output tokens) (default: the model's, max_position_embeddings)")
     p.add_argument("--kv-tokens", type=int, default=0, help="KV pool of each candidate, in tokens (default: on CUDA "
                    "what free memory holds after the weights, shared with a canary's challenger; on the CPU "
-                   "--max-seqs x --max-model-len)")
+                   "2,048 a sequence, or one whole --max-model-len if more)")
     p.add_argument("--max-num-batched-tokens", type=int, default=0, help="token budget of one step (default: "
                    f"{GPU_STEP_TOKENS} on CUDA, {CPU_STEP_TOKENS} on the CPU)")
     p.add_argument("--max-queue", type=int, default=256, help="waiting requests before answering 429")
@@ -127,6 +127,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"serve {args.model_arg} --model {args.model}: name the model once")
     args.model = args.model_arg or args.model or "smollm2-135m"
     device = resolve_device(args.device)
+    if not args.max_seq_len:
+        from athanor.model.registry import load_spec
+
+        args.max_seq_len = load_spec(args.model).max_position_embeddings
     # A GPU serves in bf16 unless told otherwise: what vLLM's "auto" does for a float32 checkpoint too, and what
     # every random preset is benchmarked in.
     dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "")

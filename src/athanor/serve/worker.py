@@ -354,6 +354,8 @@ def run_worker(config: WorkerConfig, key: bytes) -> int:
     return 0
 
 
+CPU_CONTEXT = 2048
+"""Tokens per slot the CPU's default pool holds (one sequence may still fill the whole context)."""
 KV_RESERVE_SHARE = 0.1
 """Of a GPU's memory, what the pool leaves free: the graphs' pool, a prefill step's activations, the allocator's
 slack (vLLM's gpu_memory_utilization of 0.9, the same margin)."""
@@ -362,14 +364,15 @@ slack (vLLM's gpu_memory_utilization of 0.9, the same margin)."""
 def pool_pages(engine: Engine) -> int:
     """Pages in each resident's KV pool: `--kv-tokens`' where given; on a GPU, what its free memory holds after the
     weights, less `KV_RESERVE_SHARE`, split between the residents a canary keeps (incumbent and challenger); on the
-    CPU, a whole context for every slot."""
+    CPU, `CPU_CONTEXT` tokens for every slot, or one whole context if that is more."""
     import torch
 
     cfg, spec = engine.config, engine.model.spec
     if cfg.kv_pages > 0:
         return cfg.kv_pages
-    if engine.device.type != "cuda":
-        return cfg.max_seqs * -(-cfg.max_seq_len // cfg.page_size)
+    if engine.device.type != "cuda":  # a long context need not cost every slot its whole length in memory
+        tokens = max(cfg.max_seq_len, cfg.max_seqs * min(cfg.max_seq_len, CPU_CONTEXT))
+        return -(-tokens // cfg.page_size)
     free, total = torch.cuda.mem_get_info(engine.device)
     page_bytes = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * cfg.page_size * engine.model.dtype.itemsize
     return max(0, int(free - KV_RESERVE_SHARE * total)) // (page_bytes * cfg.max_resident)
