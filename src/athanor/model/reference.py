@@ -108,7 +108,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class ReferenceForward:
-    """Prefill and decode for one model on one device, with a contiguous per-slot KV cache."""
+    """Prefill and decode for one model on one device, its keys and values in the pages of a KV pool."""
 
     def __init__(self, model: Model, ctx: BuildContext) -> None:
         spec = model.spec

@@ -112,7 +112,7 @@ class DecodeBatch:
 
     tokens:    [B] int64  the token to feed
     positions: [B] int64  its position (== seq_lens for a plain decode)
-    slots:     [B] int64  which KV slot each row belongs to (padding rows use slot `max_seqs`)
+    slots:     [B] int64  which slot (block-table row) each row belongs to (padding rows use slot `max_seqs`)
     seq_lens:  [B] int64  tokens already cached in each slot before this step
     """
 
@@ -160,7 +160,7 @@ class Forward(Protocol):
         ...
 
     def decode(self, batch: DecodeBatch) -> Tensor:
-        """Logits [num_seqs, vocab] of the next token; appends one token to each slot's KV state."""
+        """Logits [num_seqs, vocab] of the next token; writes each row's new key and value into its slot's pages."""
         ...
 
     # Optional: `decode_greedy(batch) -> (tokens [num_seqs] int64, logits)`, what `decode` does plus each row's

@@ -112,7 +112,8 @@ class ModelSpec:
 
 
 def kv_cache_bytes(spec: ModelSpec, num_slots: int, max_seq_len: int, itemsize: int = 2) -> int:
-    """Bytes of a reference-layout KV cache: k and v per layer, [num_slots, Hkv, max_seq_len, D]."""
+    """Bytes of the keys and values of `num_slots` sequences of `max_seq_len` tokens each, every layer (what a KV pool
+    needs for them, pages rounded away)."""
     return 2 * spec.num_layers * num_slots * spec.num_kv_heads * max_seq_len * spec.head_dim * itemsize
 
 
