@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from athanor.kernels.per_seq_attention import attend_rows, batch_views
+from athanor.kernels.per_seq_attention import attend_rows, batch_views, row_runs
 
 MIN_HEAD_DIM = 32
 
@@ -48,8 +48,9 @@ def decode_attention_flex(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Te
                           kv_lens: Tensor) -> Tensor:
     """Grouped-query decode attention, as `decode_attention_per_seq` (same arguments). Returns [B, Hq, D]."""
     rows, lens = slots.tolist(), kv_lens.tolist()
-    views = batch_views(k_cache, v_cache, block_table, rows, lens) if q.shape[-1] >= MIN_HEAD_DIM else None
+    firsts = row_runs(k_cache, v_cache, block_table, rows, lens)
+    views = batch_views(k_cache, v_cache, firsts, lens) if q.shape[-1] >= MIN_HEAD_DIM else None
     if views is None:
-        return attend_rows(q, k_cache, v_cache, block_table, rows, lens)
+        return attend_rows(q, k_cache, v_cache, block_table, rows, lens, firsts)
     keys, values = views
     return _compiled()(q[:, :, None], keys, values, kv_lens)[:, :, 0]

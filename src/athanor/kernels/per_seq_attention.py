@@ -2,7 +2,7 @@
 
 The batched fallback (`attention.decode_attention_torch`) gathers every row's pages up to the
 longest context: a copy of B x L x heads x D per layer, read twice more by the two matmuls. Where
-a sequence's pages are consecutive and the pool is token-major (`paging.merges_pages`), its keys
+a sequence's pages are consecutive and the pool is token-major (`reference.merges_pages`), its keys
 are a view of the pool, so this reads each sequence's keys once and only up to its own length;
 elsewhere it gathers that sequence's own pages (`paging.gather_pages`). It loops over the batch on
 the host (`.tolist()`) and reads the block table there, so it is not CUDA-graph safe: it is the
@@ -22,8 +22,8 @@ import torch
 from torch import Tensor
 
 from athanor.kernels.dispatch import cdiv
-from athanor.kernels.paging import merges_pages, page_runs, run_view
-from athanor.model.reference import decode_attention, gather_pages
+from athanor.kernels.paging import page_runs, run_view
+from athanor.model.reference import decode_attention, gather_pages, merges_pages
 
 MAX_PADDING = 0.25
 """Largest share of masked-out keys the batched view path may read (else: one row at a time)."""
@@ -39,29 +39,36 @@ def decode_attention_per_seq(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots:
     """
     b, hq, d = q.shape
     rows, lens = slots.tolist(), kv_lens.tolist()
-    views = batch_views(k_cache, v_cache, block_table, rows, lens) if b > 1 else None
+    firsts = row_runs(k_cache, v_cache, block_table, rows, lens)
+    views = batch_views(k_cache, v_cache, firsts, lens) if b > 1 else None
     if views is not None:
         keys, values = views
         mask = torch.arange(keys.shape[2], device=q.device)[None, :] < kv_lens[:, None]
         return decode_attention(q, keys, values, mask).view(b, hq, d)
-    return attend_rows(q, k_cache, v_cache, block_table, rows, lens)
+    return attend_rows(q, k_cache, v_cache, block_table, rows, lens, firsts)
 
 
-def batch_views(k_cache: Tensor, v_cache: Tensor, block_table: Tensor, rows: list[int], lens: list[int]
+def row_runs(k_cache: Tensor, v_cache: Tensor, block_table: Tensor, rows: list[int], lens: list[int]
+             ) -> list[int | None]:
+    """Per row (rows: the slots, lens: their contexts, on the host), the first page of its keys where they are a
+    view of the pools (consecutive pages of pools that merge pages), else None: read once, used by both paths."""
+    if not (merges_pages(k_cache) and merges_pages(v_cache)):
+        return [None] * len(rows)
+    return page_runs(block_table, rows, lens, k_cache.shape[2])
+
+
+def batch_views(k_cache: Tensor, v_cache: Tensor, firsts: list[int | None], lens: list[int]
                 ) -> tuple[Tensor, Tensor] | None:
-    """The batch's keys and values [B, Hkv, L, D] as views of the pools (rows: the slots, lens: their contexts,
-    both read to the host once by the caller; L: the longest context), or None where there is no such view or it
-    would not pay: a layout whose pages do not merge, a row whose pages are not consecutive, rows not each a fixed
-    number of pages past the one before, or more than `MAX_PADDING` of the keys masked out."""
-    b, longest = len(rows), max(lens, default=0)
-    if not b or b * longest * (1 - MAX_PADDING) > sum(lens) or not (merges_pages(k_cache) and merges_pages(v_cache)):
+    """The batch's keys and values [B, Hkv, L, D] as views of the pools (firsts: `row_runs`; lens: the rows'
+    contexts; L: the longest), or None where there is no such view or it would not pay: a row without a run of
+    pages, rows not each a fixed number of pages past the one before, or more than `MAX_PADDING` of the keys
+    masked out."""
+    b, longest = len(lens), max(lens, default=0)
+    if not b or b * longest * (1 - MAX_PADDING) > sum(lens) or any(f is None for f in firsts):
         return None
     page_size = k_cache.shape[2]
-    firsts = [f for f in page_runs(block_table, rows, lens, page_size) if f is not None]
-    if len(firsts) < b:
-        return None
-    first, pages = firsts[0], cdiv(longest, page_size)
-    step = firsts[1] - first if b > 1 else pages  # pages from one row's start to the next
+    first, pages = int(firsts[0] or 0), cdiv(longest, page_size)
+    step = int(firsts[1] or 0) - first if b > 1 else pages  # pages from one row's start to the next
     if step < 0 or any(f != first + i * step for i, f in enumerate(firsts)):
         return None
     if first + (b - 1) * step + pages > k_cache.shape[0]:  # the longest row's masked keys would run past the pool
@@ -76,14 +83,12 @@ def _rows_view(cache: Tensor, first: int, step: int, b: int, length: int) -> Ten
     return cache.as_strided((b, hkv, length, d), strides, cache.storage_offset() + first * cache.stride(0))
 
 
-def attend_rows(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, rows: list[int], lens: list[int]
-                ) -> Tensor:
-    """One row at a time (five small ops a row) over views of its keys where its pages are consecutive in a pool that
-    merges pages, else over its own pages gathered."""
+def attend_rows(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, rows: list[int], lens: list[int],
+                firsts: list[int | None]) -> Tensor:
+    """One row at a time (five small ops a row) over views of its keys where it has a run of pages (firsts:
+    `row_runs`), else over its own pages gathered."""
     _, hq, d = q.shape
     hkv, page_size = k_cache.shape[1], k_cache.shape[2]
-    views = merges_pages(k_cache) and merges_pages(v_cache)
-    firsts = page_runs(block_table, rows, lens, page_size) if views else [None] * len(rows)
     out = torch.empty_like(q)
     for row, (slot, n, first) in enumerate(zip(rows, lens, firsts, strict=True)):
         if first is not None:

@@ -244,10 +244,16 @@ def slot_pages(block_table: Tensor, slots: Tensor, num_tokens: int, page_size: i
     return block_table.index_select(0, slots)[:, :-(-num_tokens // page_size)].long()
 
 
+def merges_pages(pool: Tensor) -> bool:
+    """Whether page i + 1 of a pool indexed [pages, Hkv, page_size, D] continues page i's rows (token-major storage:
+    stride(0) == page_size * stride(2)), so that consecutive pages are one strided run of tokens."""
+    return pool.stride(0) == pool.shape[2] * pool.stride(2)
+
+
 def gather_pages(pool: Tensor, pages: Tensor) -> Tensor:
     """The keys (or values) of `pages` [B, P] of a pool indexed [pages, Hkv, page_size, D], each row's pages as one
     sequence: [B, Hkv, P * page_size, D], in one copy whichever way the pool is laid out in memory."""
-    if pool.stride(0) == pool.shape[2] * pool.stride(2):  # token-major storage: a page's rows run into the next's
+    if merges_pages(pool):
         return pool[pages].transpose(1, 2).flatten(2, 3)
     return pool.transpose(0, 1)[:, pages].transpose(0, 1).flatten(2, 3)
 

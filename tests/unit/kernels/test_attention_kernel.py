@@ -17,7 +17,7 @@ from athanor.kernels import (
     decode_attention_per_seq,
     num_kv_splits,
 )
-from athanor.kernels.per_seq_attention import batch_views
+from athanor.kernels.per_seq_attention import batch_views, row_runs
 from athanor.model import reference
 
 triton_only = pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
@@ -163,7 +163,8 @@ def test_per_seq_attention_paths_agree(gen, attend, slots, kv_lens, order, token
     dense = dense_caches(gen, num_slots, hkv, max_len, d)
     s, n = torch.tensor(slots), torch.tensor(kv_lens)
     (k_cache, v_cache), table = paged(gen, dense, 16, token_major, order, lens=lens_of(s, n, num_slots))
-    assert (batch_views(k_cache, v_cache, table, slots, kv_lens) is not None) == batched
+    firsts = row_runs(k_cache, v_cache, table, slots, kv_lens)
+    assert (batch_views(k_cache, v_cache, firsts, kv_lens) is not None) == batched
     out = attend(q, k_cache, v_cache, s, table, n)
     torch.testing.assert_close(out, expected(q, *dense, s, n), rtol=1e-4, atol=1e-5)
 
@@ -179,7 +180,7 @@ def test_batch_views_follow_the_table_not_the_slots(gen):
     table[0, :] = 1 + torch.arange(8, dtype=torch.int32)
     table[1, :] = 1 + 3 + torch.arange(8, dtype=torch.int32)
     table[1, 3:] = 0  # past its 48 keys (3 pages)
-    views = batch_views(k_cache, v_cache, table, [0, 1, 2], lens)
+    views = batch_views(k_cache, v_cache, row_runs(k_cache, v_cache, table, [0, 1, 2], lens), lens)
     assert views is not None
     for row, n in enumerate(lens):
         first = int(table[row, 0])
