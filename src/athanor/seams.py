@@ -10,6 +10,11 @@ SEAM_VERSION = 2
 version it follows as a module-level `SEAM_VERSION = 2`; one without it follows seam 1 (a KV cache per slot)."""
 
 
+def pages_for(num_tokens: int, page_size: int) -> int:
+    """KV pages that hold `num_tokens` tokens."""
+    return -(-num_tokens // page_size)
+
+
 def declared_seam(source: str) -> int:
     """The seam version a candidate's source declares (a module-level `SEAM_VERSION = <int>`); 1 when it declares
     none (files from before the seam had a version)."""

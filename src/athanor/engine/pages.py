@@ -18,10 +18,11 @@ import torch
 from torch import Tensor
 
 from athanor.engine.config import EngineConfig
+from athanor.seams import pages_for
 
 
 def pages_per_seq(cfg: EngineConfig) -> int:
-    return -(-cfg.max_seq_len // cfg.page_size)
+    return pages_for(cfg.max_seq_len, cfg.page_size)
 
 
 def block_table(cfg: EngineConfig, device: torch.device) -> tuple[int, Tensor]:

@@ -26,6 +26,7 @@ from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from athanor.model import BuildContext, DecodeBatch, Model, PrefillBatch
 from athanor.model.spec import ModelSpec, RopeScaling
+from athanor.seams import pages_for
 
 SEAM_VERSION = 2
 """The candidate seam this file follows (`athanor.model.seam.SEAM_VERSION`)."""
@@ -241,7 +242,7 @@ def token_pages(block_table: Tensor, slots: Tensor, positions: Tensor, page_size
 
 def slot_pages(block_table: Tensor, slots: Tensor, num_tokens: int, page_size: int) -> Tensor:
     """The pages [B, ceil(num_tokens / page_size)] int64 holding the first `num_tokens` tokens of each slot."""
-    return block_table.index_select(0, slots)[:, :-(-num_tokens // page_size)].long()
+    return block_table.index_select(0, slots)[:, :pages_for(num_tokens, page_size)].long()
 
 
 def merges_pages(pool: Tensor) -> bool:

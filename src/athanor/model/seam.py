@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from athanor.seams import SEAM_VERSION as SEAM_VERSION
+from athanor.seams import pages_for
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ def identity_block_table(max_seqs: int, max_seq_len: int, page_size: int, device
     """A block table [max_seqs + 1, pages_per_seq] int32 giving every slot (the padding slot too) its own
     consecutive pages for a whole `max_seq_len`: slot s holds pages s * pages_per_seq ... For callers that run a
     forward without an engine (tools, tests); it needs `(max_seqs + 1) * pages_per_seq` pages."""
-    per_seq = -(-max_seq_len // page_size)
+    per_seq = pages_for(max_seq_len, page_size)
     return torch.arange((max_seqs + 1) * per_seq, dtype=torch.int32, device=device).view(max_seqs + 1, per_seq)
 
 
@@ -91,7 +92,7 @@ class BuildContext:
     @property
     def pages_per_seq(self) -> int:
         """Entries of a block-table row: the pages a `max_seq_len` sequence spans."""
-        return -(-self.max_seq_len // self.page_size)
+        return pages_for(self.max_seq_len, self.page_size)
 
     @property
     def table(self) -> Tensor:

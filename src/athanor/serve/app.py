@@ -26,6 +26,7 @@ from athanor import settings
 from athanor.engine.candidate_dir import load_candidate_dir
 from athanor.engine.config import SERVING_BUCKETS, EngineConfig, SandboxConfig, decode_buckets
 from athanor.errors import AthanorError
+from athanor.seams import pages_for
 from athanor.serve import api
 from athanor.serve.admin import DeploymentBook, DeploymentRecorder, check_key, check_token, current_candidate
 from athanor.serve.api import APIError
@@ -126,7 +127,7 @@ class ServerState:
             run_dir = Path(self._tmp.name)
         sock = str(run_dir / "serve.sock")
         engine = EngineConfig(model=o.model, device=o.device, dtype=o.dtype, max_seqs=o.max_seqs,
-                              max_seq_len=o.max_seq_len, kv_pages=-(-o.kv_tokens // EngineConfig.page_size),
+                              max_seq_len=o.max_seq_len, kv_pages=pages_for(o.kv_tokens, EngineConfig.page_size),
                               buckets=decode_buckets(o.max_seqs, SERVING_BUCKETS),
                               scratch_dir=str(run_dir / "scratch"), socket_path=sock,
                               sandbox=SandboxConfig(enabled=o.sandbox), cpu_threads=o.threads,

@@ -45,6 +45,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from athanor.seams import pages_for
 from athanor.serve.config import SchedulerConfig
 from athanor.serve.kv_pages import PagePool, SlotPool, page_key
 from athanor.serve.messages import Submit
@@ -168,7 +169,7 @@ class Scheduler:
 
     def pages_for(self, num_tokens: int) -> int:
         """Pages covering positions 0 .. num_tokens - 1."""
-        return -(-num_tokens // self.page_size)
+        return pages_for(num_tokens, self.page_size)
 
     # -- candidates -------------------------------------------------------------------------------
     def add_candidate(self, candidate_id: str) -> None:

@@ -367,14 +367,17 @@ def pool_pages(engine: Engine) -> int:
     CPU, `CPU_CONTEXT` tokens for every slot, or one whole context if that is more."""
     import torch
 
+    from athanor.model.spec import kv_cache_bytes
+    from athanor.seams import pages_for
+
     cfg, spec = engine.config, engine.model.spec
     if cfg.kv_pages > 0:
         return cfg.kv_pages
     if engine.device.type != "cuda":  # a long context need not cost every slot its whole length in memory
         tokens = max(cfg.max_seq_len, cfg.max_seqs * min(cfg.max_seq_len, CPU_CONTEXT))
-        return -(-tokens // cfg.page_size)
+        return pages_for(tokens, cfg.page_size)
     free, total = torch.cuda.mem_get_info(engine.device)
-    page_bytes = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * cfg.page_size * engine.model.dtype.itemsize
+    page_bytes = kv_cache_bytes(spec, 1, cfg.page_size, engine.model.dtype.itemsize)
     return max(0, int(free - KV_RESERVE_SHARE * total)) // (page_bytes * cfg.max_resident)
 
 
