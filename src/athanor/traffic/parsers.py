@@ -62,8 +62,6 @@ class TraceReader:
         self.chunk_rows = chunk_rows
         self.num_skipped = 0
         self.num_rows = 0
-        self.reordered = False
-        """Whether the rows were not in arrival order (and were sorted)."""
 
     def __iter__(self) -> Iterator[RequestChunk]:
         """The requests in arrival order: a log written as requests finish (a server's under concurrency), or rows
@@ -84,7 +82,7 @@ class TraceReader:
         first = RequestChunk.concat(head)
         if bool(np.any(np.diff(first.timestamp_s) < 0)):
             first = first.take(np.argsort(first.timestamp_s, kind="stable"))
-            self.reordered = True
+            log.info("%s: rows not in arrival order: read sorted by arrival", self.path)
         yield from self._in_chunks(itertools.chain([first], pieces))
 
     def _in_chunks(self, pieces: Iterator[RequestChunk]) -> Iterator[RequestChunk]:
