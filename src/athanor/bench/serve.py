@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -31,6 +30,7 @@ from athanor.bench.record import provenance
 from athanor.errors import AthanorError, ConfigError
 from athanor.traffic.formats import MOONCAKE_BLOCK_TOKENS as BLOCK_TOKENS
 from athanor.traffic.parsers import read_columns
+from athanor.traffic.sketch import ReferencePrefixLRU
 
 log = logging.getLogger(__name__)
 
@@ -155,24 +155,12 @@ def _metric(text: str, name: str) -> float:
 
 def lru_prefill_tokens(inputs: list[int], hashes: list[list[int]], capacity_tokens: int) -> int:
     """Prompt tokens an ideal LRU prefix cache of `capacity_tokens` would still compute for these requests, served
-    one after another: each request reuses its longest run of leading blocks (BLOCK_TOKENS tokens each, named by
-    `hashes`) still cached, computes the rest (at least one token), then caches its full blocks as most recent.
-    The yardstick for the server's own count (`athanor_prefill_tokens`)."""
-    cache: OrderedDict[int, None] = OrderedDict()
-    room = capacity_tokens // BLOCK_TOKENS
-    computed = 0
-    for n, blocks in zip(inputs, hashes):
-        full = blocks[:n // BLOCK_TOKENS]
-        hit = 0
-        while hit < len(full) and full[hit] in cache:
-            hit += 1
-        computed += max(1, n - hit * BLOCK_TOKENS)
-        for h in full:
-            cache[h] = None
-            cache.move_to_end(h)
-        while len(cache) > room:
-            cache.popitem(last=False)
-    return computed
+    one after another (`traffic.sketch.ReferencePrefixLRU` over their whole BLOCK_TOKENS blocks): each computes what
+    follows its run of leading cached blocks, at least one token. The yardstick for the server's own count
+    (`athanor_prefill_tokens`)."""
+    lru = ReferencePrefixLRU(capacity_tokens // BLOCK_TOKENS)
+    return sum(max(1, n - BLOCK_TOKENS * lru.lookup_insert(blocks[:n // BLOCK_TOKENS]))
+               for n, blocks in zip(inputs, hashes, strict=True))
 
 
 async def _server_tokens(url: str) -> tuple[float, float, float]:
