@@ -13,6 +13,7 @@ from torch import Tensor
 
 from athanor.kernels.dispatch import Impl, pdl, use_triton
 from athanor.kernels.norm import rms_norm_torch
+from athanor.model.reference import token_pages
 
 
 @dataclass(frozen=True)
@@ -75,9 +76,7 @@ def rope_and_cache(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, po
         if q_norm is not None and k_norm is not None:
             q, k = rms_norm_torch(q, q_norm, eps), rms_norm_torch(k, k_norm, eps)
         q, k = rope(q, k, cos, sin, positions, impl="torch")
-        page_size = k_cache.shape[2]
-        pages = block_table[slots, positions // page_size].long()
-        rows = positions % page_size
+        pages, rows = token_pages(block_table, slots, positions, k_cache.shape[2])
         k_cache[pages, :, rows] = k
         v_cache[pages, :, rows] = v
         return q
