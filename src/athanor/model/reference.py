@@ -25,8 +25,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from athanor.model import BuildContext, DecodeBatch, Model, PrefillBatch
+from athanor.model.seam import pages_for
 from athanor.model.spec import ModelSpec, RopeScaling
-from athanor.seams import pages_for
 
 SEAM_VERSION = 2
 """The candidate seam this file follows (`athanor.model.seam.SEAM_VERSION`)."""

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from athanor.seams import SEAM_VERSION as SEAM_VERSION
-from athanor.seams import pages_for
+from athanor.seams import pages_for as pages_for
 
 
 @dataclass(frozen=True)
