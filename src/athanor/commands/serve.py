@@ -44,12 +44,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-model-len", "--max-seq-len", dest="max_seq_len", type=int, default=0,
                    help="context length (prompt + output tokens) (default: the model's, max_position_embeddings)")
     p.add_argument("--kv-tokens", type=int, default=0, help="KV pool of each candidate, in tokens (default: on CUDA "
-                   "what free memory holds after the weights, shared with a canary's challenger; on the CPU "
+                   "what free memory holds after the weights and the candidate, shared with a canary's challenger unless "
+                   "--no-canary; on the CPU "
                    "2,048 a sequence, or one whole --max-model-len if more)")
     p.add_argument("--max-num-batched-tokens", type=int, default=0, help="token budget of one step (default: "
                    f"{GPU_STEP_TOKENS} on CUDA, {CPU_STEP_TOKENS} on the CPU)")
     p.add_argument("--max-queue", type=int, default=256, help="waiting requests before answering 429")
     p.add_argument("--threads", type=int, default=0, help="CPU threads of the worker (0: the engine's default)")
+    p.add_argument("--no-canary", action="store_true", help="one resident candidate, whose KV pool takes the "
+                   "memory a deploy's challenger would share; /admin/deploy is refused (409)")
     p.add_argument("--no-sandbox", action="store_true", help="run candidate code unconfined (trusted code only)")
     p.set_defaults(func=cmd_serve)
 
@@ -149,7 +152,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options = ServeOptions(
         model=args.model, candidate_dir=args.candidate, served_model_name=args.served_model_name, device=str(device),
         dtype=dtype, max_seqs=args.max_seqs, max_seq_len=args.max_seq_len, kv_tokens=args.kv_tokens,
-        threads=args.threads,
+        threads=args.threads, canaries=not args.no_canary,
         sandbox=not args.no_sandbox, admin_token=read_admin_token(args.admin_token_file), api_key=args.api_key,
         log_path=args.log,
         log_prompts=args.log_prompts, store=args.store,

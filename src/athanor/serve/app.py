@@ -55,9 +55,9 @@ class ServeOptions:
     max_seqs: int = 8
     """Concurrent sequences per resident candidate (KV slots)."""
     max_seq_len: int = 2048
-    kv_tokens: int = 0
-    """Each candidate's KV pool in tokens; 0: sized by the worker (`athanor.serve.worker.pool_pages`)."""
     """Context length: prompt plus generated tokens."""
+    kv_tokens: int = 0
+    """Each candidate's KV pool in tokens; 0: sized by the worker (`athanor.serve.worker.build_with_pool`)."""
     threads: int = 0
     """CPU threads of the worker (0: the engine's default)."""
     sandbox: bool = True
@@ -73,6 +73,9 @@ class ServeOptions:
     """Experiment store (path or URL) for deployment records; empty: none."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     canary: CanaryConfig = field(default_factory=CanaryConfig)
+    canaries: bool = True
+    """Keep room for a deploy's challenger beside the incumbent. False: one resident, whose KV pool takes the whole
+    memory a canary would split, and `/admin/deploy` answers 409."""
     run_dir: str = ""
     """Where the worker's socket, scratch and log go; empty: a fresh temporary directory."""
 
@@ -131,7 +134,8 @@ class ServerState:
                               buckets=decode_buckets(o.max_seqs, SERVING_BUCKETS),
                               scratch_dir=str(run_dir / "scratch"), socket_path=sock,
                               sandbox=SandboxConfig(enabled=o.sandbox), cpu_threads=o.threads,
-                              cache_dir=str(serving_cache(o.candidate_dir)), trusted=True)
+                              cache_dir=str(serving_cache(o.candidate_dir)), trusted=True,
+                              max_resident=2 if o.canaries else 1)
         config = WorkerConfig(engine, sock, o.candidate_dir, o.scheduler, o.canary)
         self.handle = WorkerHandle(config, run_dir, on_step=self.metrics.on_step, on_deployment=self.on_deployment)
         status = await self.handle.start()
@@ -366,6 +370,9 @@ def create_app(options: ServeOptions, state: ServerState | None = None) -> FastA
     @app.post("/admin/deploy", status_code=202)
     async def deploy(request: Request) -> JSONResponse:
         check_token(options.admin_token, request.headers.get("authorization"))
+        if not options.canaries:
+            raise APIError(409, "this server runs without canaries (--no-canary): restart it with the candidate "
+                                "(--candidate DIR) to serve another", code="canaries_off")
         req = _parse(await request.body(), api.DeployRequest)
         try:
             candidate = load_candidate_dir(req.candidate_dir)

@@ -41,16 +41,22 @@ def test_a_busy_port_is_a_one_line_error_before_the_model_loads() -> None:
         "--port"]
 
 
-def test_vllm_spellings_an_api_key_version_and_one_model(tmp_path: Path) -> None:
+def test_vllm_spellings_an_api_key_version_one_model_and_no_canary(tmp_path: Path) -> None:
     import httpx
     from openai import AuthenticationError, OpenAI
 
     from athanor.serve.launch import ServerProcess
+    from conftest import TOKEN
 
-    # `serve MODEL` and --max-model-len, as vLLM spells them.
-    server = ServerProcess([MODEL, "--max-model-len", "256", "--max-seqs", "2", "--api-key", "sk-test"],
+    (tmp_path / "token").write_text(TOKEN)
+    # `serve MODEL` and --max-model-len, as vLLM spells them; --no-canary: one resident, no deploys.
+    server = ServerProcess([MODEL, "--max-model-len", "256", "--max-seqs", "2", "--api-key", "sk-test",
+                            "--no-canary", "--admin-token-file", str(tmp_path / "token")],
                            tmp_path / "server.log").start()
     try:
+        deploy = httpx.post(f"{server.url}/admin/deploy", json={"candidate_dir": str(tmp_path)},
+                            headers={"Authorization": f"Bearer {TOKEN}"})
+        assert deploy.status_code == 409 and deploy.json()["error"]["code"] == "canaries_off"
         assert httpx.get(f"{server.url}/health").status_code == 200  # no key needed outside /v1
         assert httpx.get(f"{server.url}/version").json()["version"]
         assert httpx.get(f"{server.url}/v1/models").status_code == 401
