@@ -68,6 +68,7 @@ class Executor:
         self._ahead: Launched | None = None
         """The decode step queued before the host saw the tokens of the one before (see `run`)."""
         self._pinned: list[Tensor] = []
+        self._prefill_pinned: Tensor | None = None
 
     def _long(self, values: list[int]) -> Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
@@ -86,20 +87,25 @@ class Executor:
             if decode:
                 out, logits, _ = resident.runner.step(x, greedy=self._greedy(chunks))
             else:
-                flat = [t for c in chunks for t in c.seq.tokens[c.start:c.end]]
-                cu = [0]
-                for c in chunks:
-                    cu.append(cu[-1] + c.end - c.start)
-                positions = self._long([p for c in chunks for p in range(c.start, c.end)])
-                batch = PrefillBatch(self._long(flat), self._long(cu), positions, x.slots, x.seq_lens)
-                logits = check_logits(resident.forward.prefill(batch), len(chunks), self.vocab_size, "prefill()")
-                last = self._long([c.end - 1 for c in chunks])
-                out = sample(logits, x.temperature, x.top_p, x.seeds, last)
+                out, logits = self._prefill(resident, chunks, x)
         if while_running is not None:
             while_running()  # host work (the previous step's report) overlaps this step's device work
         with self.engine.armed():
             self._sync()
         return out, logits, time.perf_counter() - t
+
+    def _prefill(self, resident: Resident, chunks: list[Chunk], x: StepInputs) -> tuple[Tensor, Tensor]:
+        """Queue the prefill chunks packed in one call, and the sampling of their next tokens: (tokens [B], logits
+        [B, vocab]) on the device."""
+        flat = [t for c in chunks for t in c.seq.tokens[c.start:c.end]]
+        cu = [0]
+        for c in chunks:
+            cu.append(cu[-1] + c.end - c.start)
+        positions = self._long([p for c in chunks for p in range(c.start, c.end)])
+        batch = PrefillBatch(self._long(flat), self._long(cu), positions, x.slots, x.seq_lens)
+        logits = check_logits(resident.forward.prefill(batch), len(chunks), self.vocab_size, "prefill()")
+        last = self._long([c.end - 1 for c in chunks])
+        return sample(logits, x.temperature, x.top_p, x.seeds, last), logits
 
     def _inputs(self, chunks: list[Chunk], twin: bool, decode: bool) -> StepInputs:
         """The rows' slots, seeds, starts, sampling settings and (decode) fed tokens on the device; a
@@ -125,23 +131,26 @@ class Executor:
         """Run every candidate's part of the step, then the shadow runs; advance the sequences that ran.
         `while_running` is called once, while the device runs the first part.
 
-        `chain` (the caller vouches that no request waits and no canary runs): a step of decode rows
-        only, on one candidate with captured graphs, also queues the step after it before waiting for
-        its tokens, fed on the device (`DecodeRunner.step_again`), so the host's work between two
-        steps (the tokens, the bookkeeping, the report) overlaps the device's instead of idling it.
-        The next `run` uses that step if its plan asks for exactly those rows at those positions;
-        otherwise it is dropped (its cache writes are rewritten, or belong to a freed slot)."""
+        `chain` (the caller vouches that no canary runs): a step whose decode rows run on one candidate with
+        captured graphs also queues the decode step after it before waiting for its tokens, fed on the device
+        (`DecodeRunner.step_again`), so the host's work between two steps (the tokens, the bookkeeping, the
+        report, the next plan) overlaps the device's instead of idling it. The next `run` uses that step if its
+        plan asks for exactly those decode rows at those positions, whatever prefill chunks join it (they run on
+        their own after it); otherwise it is dropped (its cache writes are rewritten, or belong to a freed slot).
+        So it is queued only when no row is known to leave (its token limit) and no prefill chunk of this step
+        samples (that sequence would join the next step's decode rows)."""
         self._map_pages()
         ahead, self._ahead = self._ahead, None
         if ahead is not None and not self._continues(ahead, plan):
             ahead.done.synchronize()  # dropped: let it finish before anything can free what it uses
             ahead = None
-        if (chain or ahead is not None) and not plan.prefill and len(plan.decode) == 1:
+        if (chain or ahead is not None) and len(plan.decode) == 1 and set(plan.prefill) <= set(plan.decode):
             (cid, chunks), = plan.decode.items()
             resident = self.engine.residents.get(cid)
             if resident is not None and resident.runner.captured:
                 try:
-                    return self._run_chained(resident, cid, chunks, ahead, while_running, queue_next=chain)
+                    return self._run_chained(resident, cid, chunks, plan.prefill.get(cid, []), ahead, while_running,
+                                             queue_next=chain)
                 except Exception as e:
                     exit_if_device_broken(e)
                     return [StepFailure(cid, f"candidate {cid}: {format_exception(e, 6)}")]
@@ -193,16 +202,25 @@ class Executor:
         return [(c.seq.request_id, c.start) for c in chunks]
 
     def _continues(self, ahead: Launched, plan: StepPlan) -> bool:
-        """Whether `plan` is exactly the step queued ahead: its rows only, at the positions it fed."""
-        return (not plan.prefill and list(plan.decode) == [ahead.candidate_id]
+        """Whether `plan`'s decode rows are exactly the step queued ahead's, at the positions it fed (prefill
+        chunks on the same candidate may join)."""
+        return (list(plan.decode) == [ahead.candidate_id] and set(plan.prefill) <= {ahead.candidate_id}
                 and self._rows_of(plan.decode[ahead.candidate_id]) == ahead.rows)
 
-    def _run_chained(self, resident: Resident, cid: str, chunks: list[Chunk], ahead: Launched | None,
-                     while_running: Callable[[], None] | None, queue_next: bool) -> list[StepFailure]:
+    def _run_chained(self, resident: Resident, cid: str, chunks: list[Chunk], prefill: list[Chunk],
+                     ahead: Launched | None, while_running: Callable[[], None] | None,
+                     queue_next: bool) -> list[StepFailure]:
         # `ahead` is the step queued by the last run, already running (`run` dropped it unless it fits).
+        # Stream order: this step's decode, its prefill chunks, then the decode step queued after it, so waiting
+        # for the prefill's tokens never waits for that next step.
         current = ahead if ahead is not None else self._launch(resident, cid, chunks)
-        # Queue the step after this one unless a row is sure to stop here (its token limit).
-        if queue_next and all(c.seq.num_generated + 1 < c.seq.request.max_tokens for c in chunks):
+        prefilled = None
+        if prefill:
+            with self.engine.armed():
+                tokens, _ = self._prefill(resident, prefill, self._inputs(prefill, twin=False, decode=False))
+            prefilled = self._record(cid, self._rows_of(prefill), tokens, self._prefill_host())
+        if (queue_next and not any(c.samples for c in prefill)
+                and all(c.seq.num_generated + 1 < c.seq.request.max_tokens for c in chunks)):
             with self.engine.armed():
                 again = resident.runner.step_again()
             if again is not None:
@@ -213,6 +231,11 @@ class Executor:
             current.done.synchronize()
         for chunk, token in zip(chunks, current.host[:len(chunks)].tolist()):
             self.scheduler.complete(chunk, int(token))
+        if prefilled is not None:
+            with self.engine.armed():
+                prefilled.done.synchronize()
+            for chunk, token in zip(prefill, prefilled.host[:len(prefill)].tolist()):
+                self.scheduler.complete(chunk, int(token))
         return []
 
     def _launch(self, resident: Resident, cid: str, chunks: list[Chunk]) -> Launched:
@@ -221,18 +244,26 @@ class Executor:
             tokens, _, _ = resident.runner.step(x, greedy=self._greedy(chunks))
         return self._record(cid, self._rows_of(chunks), tokens)
 
-    def _record(self, cid: str, rows: list[tuple[str, int]], tokens: Tensor) -> Launched:
-        """Copy a queued step's tokens to a pinned host buffer behind it and mark when they are there
-        (two buffers, alternating: the step in hand and the one queued after it)."""
-        if not self._pinned:
-            self._pinned = [torch.empty(self.engine.config.max_seqs, dtype=torch.long, pin_memory=True)
-                            for _ in range(2)]
-        self._pinned.reverse()
-        host = self._pinned[0]
+    def _record(self, cid: str, rows: list[tuple[str, int]], tokens: Tensor, host: Tensor | None = None) -> Launched:
+        """Copy a queued step's tokens to a pinned host buffer behind it and mark when they are there. Decode steps
+        alternate between two buffers (the step in hand and the one queued after it); a prefill passes its own."""
+        if host is None:
+            if not self._pinned:
+                self._pinned = [self._pinned_tokens() for _ in range(2)]
+            self._pinned.reverse()
+            host = self._pinned[0]
         host[:tokens.shape[0]].copy_(tokens, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
         return Launched(cid, rows, host, done)
+
+    def _pinned_tokens(self) -> Tensor:
+        return torch.empty(self.engine.config.max_seqs, dtype=torch.long, pin_memory=True)
+
+    def _prefill_host(self) -> Tensor:
+        if self._prefill_pinned is None:
+            self._prefill_pinned = self._pinned_tokens()
+        return self._prefill_pinned
 
     def _shadow(self, canary: Canary, chunks: list[Chunk], decode: bool, logits: Tensor,
                 seconds: float) -> StepFailure | None:
