@@ -146,13 +146,6 @@ def block_prompt(pool: list[int], hashes: list[int], n: int) -> list[int]:
     return out[:n]
 
 
-def _metric(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return float("nan")
-
-
 def lru_prefill_tokens(inputs: list[int], hashes: list[list[int]], capacity_tokens: int) -> int:
     """Prompt tokens an ideal LRU prefix cache of `capacity_tokens` would still compute for these requests, served
     one after another (`traffic.sketch.ReferencePrefixLRU` over their whole BLOCK_TOKENS blocks): each computes what
@@ -163,16 +156,47 @@ def lru_prefill_tokens(inputs: list[int], hashes: list[list[int]], capacity_toke
                for n, blocks in zip(inputs, hashes, strict=True))
 
 
-async def _server_tokens(url: str) -> tuple[float, float, float]:
-    """(prompt tokens, prompt tokens computed by prefill, tokens its KV pool holds) the server counted so far; NaN
-    where it does not say."""
+STEP_KINDS = ("decode", "prefill", "mixed")
+
+
+async def _server_counters(url: str) -> dict[str, float]:
+    """What the server counted so far, from its /metrics: "prompt" and "prefill" (prompt tokens sent, and computed
+    by prefill), "pool" (tokens its KV pool holds), and per kind of step (`STEP_KINDS`) "steps.K", "seconds.K" and
+    "prefill.K" (prompt tokens computed in such steps). Absent where it does not say."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     try:
         async with httpx.AsyncClient(base_url=url, timeout=10) as http:
             text = (await http.get("/metrics")).text
     except httpx.HTTPError:
-        return float("nan"), float("nan"), float("nan")
-    return (_metric(text, "athanor_prompt_tokens_total"), _metric(text, "athanor_prefill_tokens_total"),
-            _metric(text, "athanor_kv_pool_tokens"))
+        return {}
+    names = {"athanor_prompt_tokens_total": "prompt", "athanor_prefill_tokens_total": "prefill",
+             "athanor_kv_pool_tokens": "pool", "athanor_step_seconds_count": "steps",
+             "athanor_step_seconds_sum": "seconds", "athanor_step_prefill_tokens_total": "prefill"}
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = names.get(sample.name)
+            if key is not None:
+                kind = sample.labels.get("kind")
+                out[f"{key}.{kind}" if kind else key] = sample.value
+    return out
+
+
+def _steps(before: dict[str, float], after: dict[str, float], duration: float) -> dict[str, Any]:
+    """Per kind of step over the replay: steps, seconds and prompt tokens computed, with the prompt tokens per
+    second of such steps; and the worker's busy share (its steps' seconds over the replay's)."""
+    def delta(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    kinds: dict[str, dict[str, float | None]] = {}
+    busy = 0.0
+    for kind in STEP_KINDS:
+        seconds, tokens = delta(f"seconds.{kind}"), delta(f"prefill.{kind}")
+        busy += seconds
+        kinds[kind] = {"steps": delta(f"steps.{kind}"), "seconds": seconds, "prefill_tokens": tokens,
+                       "prefill_tokens_per_s": tokens / seconds if seconds and tokens else None}
+    return {"by_kind": kinds, "busy_share": busy / duration if duration else None}
 
 
 async def _progress(samples: list[Sample], start: float) -> None:
@@ -258,7 +282,7 @@ def bench_serve(options: BenchOptions) -> dict[str, Any]:
                           f"{options.random_input_len}]")
     samples: list[Sample] = []
     blocks: list[list[int]] = []
-    before = asyncio.run(_server_tokens(options.url))
+    before = asyncio.run(_server_counters(options.url))
     start = time.perf_counter()
     interrupted = False
     try:
@@ -267,8 +291,9 @@ def bench_serve(options: BenchOptions) -> dict[str, Any]:
         interrupted, duration, model = True, time.perf_counter() - start, options.model
         blocks = [b for s, b in zip(samples, blocks) if s.ok or s.error]
         samples = [s for s in samples if s.ok or s.error]
-    after = asyncio.run(_server_tokens(options.url))
-    pool = after[2]
+    after = asyncio.run(_server_counters(options.url))
+    pool = after.get("pool", float("nan"))
+    prompt, prefill = (after.get(k, float("nan")) - before.get(k, float("nan")) for k in ("prompt", "prefill"))
     lru = (lru_prefill_tokens([s.input_tokens for s in samples], blocks, int(pool))
            if any(blocks) and pool == pool else None)
     ok = [s for s in samples if s.ok]
@@ -283,9 +308,9 @@ def bench_serve(options: BenchOptions) -> dict[str, Any]:
         "slo": {"ttft_s": options.slo_ttft_s, "tpot_s": options.slo_tpot_s},
         "ttft_s": _percentiles([s.ttft_s for s in ok]), "tpot_s": _percentiles([s.tpot_s for s in ok]),
         "itl_s": _percentiles([x for s in ok for x in s.itl_s]), "e2e_s": _percentiles([s.e2e_s for s in ok]),
-        "server_prompt_tokens": after[0] - before[0], "server_prefill_tokens": after[1] - before[1],
-        "kv_pool_tokens": pool, "lru_prefill_tokens": lru,
-        "prefill_vs_lru": (after[1] - before[1]) / lru if lru else None,
+        "server_prompt_tokens": prompt, "server_prefill_tokens": prefill,
+        "kv_pool_tokens": pool, "lru_prefill_tokens": lru, "prefill_vs_lru": prefill / lru if lru else None,
+        "server_steps": _steps(before, after, duration),
         "interrupted": interrupted,
     }
     errors = sorted({s.error for s in samples if not s.ok})[:5]

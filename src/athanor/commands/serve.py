@@ -176,6 +176,14 @@ def results_table(s: dict[str, Any]) -> str:
             ("TTFT ms (mean / p50 / p90 / p99)", ms(s["ttft_s"])), ("TPOT ms", ms(s["tpot_s"])),
             ("ITL ms", ms(s["itl_s"])), ("E2E ms", ms(s["e2e_s"])),
             ("prompt tokens computed / sent", f"{s['server_prefill_tokens']:.0f} / {s['server_prompt_tokens']:.0f}")]
+    steps = s.get("server_steps") or {}
+    for kind, k in (steps.get("by_kind") or {}).items():
+        if k["steps"]:
+            rate = f", {k['prefill_tokens_per_s']:.0f} prompt tok/s" if k["prefill_tokens_per_s"] else ""
+            rows.append((f"{kind} steps (n / s / ms each)", f"{k['steps']:.0f} / {k['seconds']:.1f} / "
+                                                            f"{1000 * k['seconds'] / k['steps']:.1f}{rate}"))
+    if steps.get("busy_share") is not None:
+        rows.append(("worker busy (share of the duration)", f"{steps['busy_share']:.2f}"))
     if s.get("prefill_vs_lru"):
         rows.append((f"computed vs an LRU cache of {s['kv_pool_tokens']:.0f} tokens", f"{s['prefill_vs_lru']:.2f}x"))
     width = max(len(name) for name, _ in rows)

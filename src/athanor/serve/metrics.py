@@ -15,6 +15,7 @@ from athanor.serve.messages import StepReport
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+STEP_BUCKETS = (0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024, 2.048)
 RATE_WINDOW_S = 10.0
 
 
@@ -38,6 +39,11 @@ class ServeMetrics:
                                       "athanor_prompt_tokens came from the prefix cache)", registry=r)
         self.preemptions = Counter("athanor_num_preemptions", "Sequences whose KV pages were taken back when the "
                                    "pool ran out (they recompute their tokens later)", registry=r)
+        self.step_seconds = Histogram("athanor_step_seconds", "Wall time of one worker step (host and device), by "
+                                      "what it ran: decode rows only, prefill chunks only, or both (mixed)",
+                                      ["kind"], buckets=STEP_BUCKETS, registry=r)
+        self.step_prefill_tokens = Counter("athanor_step_prefill_tokens", "Prompt tokens computed, by the kind of "
+                                           "step that computed them", ["kind"], registry=r)
         self.kv_pool_tokens = Gauge("athanor_kv_pool_tokens", "Tokens each candidate's KV pool holds", registry=r)
         self.tokens_per_s = Gauge("athanor_generation_tokens_per_second",
                                   f"Generated tokens per second over the last {RATE_WINDOW_S:g}s", registry=r)
@@ -55,6 +61,11 @@ class ServeMetrics:
                 self.max_batch_size.set(report.num_decode_rows)
         if report.num_prefill_tokens:
             self.prefill_tokens.inc(report.num_prefill_tokens)
+        if report.num_decode_rows or report.num_prefill_tokens:
+            kind = ("mixed" if report.num_decode_rows else "prefill") if report.num_prefill_tokens else "decode"
+            self.step_seconds.labels(kind).observe(report.step_s)
+            if report.num_prefill_tokens:
+                self.step_prefill_tokens.labels(kind).inc(report.num_prefill_tokens)
         if report.num_preempted:
             self.preemptions.inc(report.num_preempted)
         self.queue_length.set(report.num_waiting)

@@ -67,6 +67,8 @@ class ServingLoop:
         self.retiring: str | None = None
         """A candidate that lost (or was replaced) and is dropped once no sequence holds its slots."""
         self.owner: dict[str, bytes] = {}
+        self.front_end = b""
+        """The front end that submitted last: it gets the reports of steps whose tokens nobody owns."""
         self.probes: list[list[int]] = []
         self.last_live = time.monotonic()
         self._rng = random.Random(0)
@@ -108,6 +110,7 @@ class ServingLoop:
                 self.send(ident, m.Rejected(msg.request_id, "the server is at capacity: retry later", "queue_full"))
             else:
                 self.owner[msg.request_id] = ident
+                self.front_end = ident
                 self.last_live = time.monotonic()
         elif isinstance(msg, m.Abort):
             self.scheduler.abort(msg.request_id)
@@ -225,13 +228,11 @@ class ServingLoop:
         phase = self.canary.phase if self.canary is not None else ""
         t = time.perf_counter()
         if plan:
-            # Not during a canary: its step times compare the incumbent with the challenger, and the
-            # report's host time would count against the incumbent alone.
-            # Chained steps (the next queued before this one's tokens are read) only when nothing else
-            # could join the next step: no canary, no waiting request that a free slot could take.
+            # Neither the report nor chained steps (the next queued before this one's tokens are read) during
+            # a canary: its step times compare the incumbent with the challenger on identical batches.
             in_canary = self.canary is not None and not self.canary.finished
             failures = self.executor.run(plan, self.canary, while_running=None if in_canary else self._flush_report,
-                                         chain=not in_canary and not self.scheduler.can_admit)
+                                         chain=not in_canary)
             for failure in failures:
                 self._failed(failure, plan)
         self._flush_report()  # when the step ran nothing (or failed before the device ran it)
@@ -294,6 +295,9 @@ class ServingLoop:
                                                  seq.candidate_id))
             if seq.finish_reason is not None:
                 self.owner.pop(seq.request_id, None)
+        if not by_owner and self.front_end:
+            # A step that emitted nothing (a long prompt's middle chunk) still counts in the metrics.
+            by_owner[self.front_end] = []
         for ident, outputs in by_owner.items():
             self.send(ident, m.StepReport(tuple(outputs), num_decode_rows, num_prefill_tokens,
                                           len(self.scheduler.waiting), len(self.scheduler.running), seconds,

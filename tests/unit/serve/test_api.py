@@ -72,6 +72,25 @@ def test_concurrent_requests_are_batched(server: Server) -> None:
         assert name in metrics
 
 
+def test_a_long_prompt_counts_every_chunk_in_the_step_metrics(server: Server) -> None:
+    from athanor.bench.serve import _server_counters
+
+    # 400 prompt tokens at the CPU's 256 a step: a first chunk that samples no token, then the rest.
+    prompt = [(7 * i) % 1000 + 10 for i in range(400)]
+    before = asyncio.run(_server_counters(server.url))
+    reply = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0).completions.create(
+        model=MODEL, prompt=prompt, max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
+    assert reply.usage is not None and reply.usage.completion_tokens == 3
+    after = asyncio.run(_server_counters(server.url))
+
+    def grew(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert grew("prefill") == 400  # (any prefix cached by earlier tests is no hit: these ids are new)
+    assert grew("prefill.prefill") == 400 and grew("steps.prefill") == 2
+    assert grew("steps.decode") == 2 and grew("seconds.decode") > 0
+
+
 def test_request_log_is_a_trace(server: Server) -> None:
     client(server).completions.create(model=MODEL, prompt="Logged request", max_tokens=3, temperature=0)
     lines = [json.loads(x) for x in server.log_path.read_text().splitlines()]
