@@ -4,11 +4,14 @@
 #   bench/gpu.sh table           every H200 row of bench/README.md's table (about 8 minutes on one H200)
 #   bench/gpu.sh long            the long-prompt rows: bench prefill of llama-3.1-8b, 16k-128k tokens (~4 min, H100)
 #   bench/gpu.sh matrix          the decode grid: three models x best, reference x batch 1-128 x context 1k-32k
-#   bench/gpu.sh serve           long-context serving of llama-3.1-8b (best-known candidate, paged KV pool) through
-#                                athanor serve: Azure conversation (1,000 requests, prompts <= 4k) at concurrency 64
-#                                and 256, Mooncake conversation (300 requests, prompts <= 32k, concurrency 32); the
-#                                traces from $TRACES (default: shared/traces); then a second start of the same
-#                                server, its kernels from its compile cache (~9 min)
+#   bench/gpu.sh serve           serving llama-3.1-8b (best-known candidate, paged KV pool, --no-canary) through
+#                                athanor serve: Azure conversation (1,000 requests, prompts <= 4k) at concurrency 64,
+#                                128 and 256; 32 prompts of 1,024 tokens at once against the bare batch-32 step; then
+#                                a second start of the same server, its kernels from its compile cache (~8 min)
+#   bench/gpu.sh mooncake        the same server on the Mooncake conversation trace (300 requests, prompts <= 32k,
+#                                concurrency 32) and Azure at concurrency 8 and 32; then one prompt alone, 16k-128k
+#                                tokens (~9 min). Both serving sets read the traces from $TRACES (default
+#                                shared/traces)
 #   bench/gpu.sh tests [ARGS]    the GPU tests (default: all of tests/gpu; ARGS are pytest's, e.g. one file)
 #
 # It installs the wheels the GPU image lacks (`make gpu-wheels` gathers them into .whl/; carry .whl), puts this
@@ -21,8 +24,8 @@ cd "$(dirname "$0")/.."
 set_name=${1:-}
 [ $# -gt 0 ] && shift
 case "$set_name" in
-  table|long|matrix|serve|tests) ;;
-  *) echo "usage: bench/gpu.sh table|long|matrix|serve|tests [pytest args]  (the sets are listed at the top of bench/gpu.sh)" >&2
+  table|long|matrix|serve|mooncake|tests) ;;
+  *) echo "usage: bench/gpu.sh table|long|matrix|serve|mooncake|tests [pytest args]  (the sets are listed at the top of bench/gpu.sh)" >&2
      exit 2 ;;
 esac
 
@@ -98,13 +101,13 @@ case "$set_name" in
       decode "$model" best,reference matrix --batch 1,8,32,128 --context 1024,8192,32768 --iters 20
     done
     ;;
-  serve)
+  serve|mooncake)
     traces=${TRACES:-shared/traces}
     step 60 candidate new --from best --model llama-3.1-8b --device cuda -o /tmp/best-llama-3.1-8b.py --force
     step 60 candidate pack /tmp/best-llama-3.1-8b.py -o /tmp/best-llama-3.1-8b --force
     start_server() {  # start_server NAME: athanor serve in the background, waited for; its start time printed
-      python3 -m athanor serve llama-3.1-8b --candidate /tmp/best-llama-3.1-8b --max-seqs 256 --max-model-len 33792 \
-        --port 8000 > "$OUT/serve_llama-3.1-8b_$1_$tag.log" 2>&1 &
+      python3 -m athanor serve llama-3.1-8b --candidate /tmp/best-llama-3.1-8b --no-canary --max-seqs 256 \
+        --max-model-len 33792 --port 8000 > "$OUT/serve_llama-3.1-8b_$1_$tag.log" 2>&1 &
       server=$!
       local t0=$SECONDS
       until python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null; do
@@ -115,20 +118,34 @@ case "$set_name" in
       done
       echo "    ($1 start: up in $((SECONDS - t0)) s; $(grep -m1 -o 'KV pool of [0-9]* tokens' "$OUT/serve_llama-3.1-8b_$1_$tag.log"))"
     }
-    start_server cold
-    azure() {  # azure CONCURRENCY LIMIT
+    stop_server() { kill -INT $server; wait $server 2>/dev/null; }
+    azure() {  # azure CONCURRENCY LIMIT REQUESTS
       step "$2" bench serve --base-url http://127.0.0.1:8000 --trace "$traces/azure_llm_2023_conv.csv" \
-        --max-requests 1000 --max-input 4096 --concurrency "$1" --speedup 1000 \
+        --max-requests "$3" --max-input 4096 --concurrency "$1" --speedup 1000 \
         --json "$OUT/serve_azure_c$1_llama-3.1-8b_$tag.json"
     }
-    azure 64 120
-    step 200 bench serve --base-url http://127.0.0.1:8000 --trace "$traces/mooncake_conversation.jsonl" \
-      --max-requests 300 --max-input 32768 --max-output 256 --concurrency 32 --speedup 1000 \
-      --json "$OUT/serve_mooncake_llama-3.1-8b_$tag.json"
-    azure 256 100
-    kill $server; wait $server 2>/dev/null
-    start_server warm  # the same candidate again: its compiled kernels from the server's cache
-    kill $server; wait $server 2>/dev/null
+    start_server cold
+    if [ "$set_name" = serve ]; then
+      azure 64 120 1000
+      azure 128 110 1000
+      azure 256 100 1000
+      # Decode overhead: 32 prompts of 1,024 tokens at once, 256 tokens out, against the bare batch-32 step.
+      step 60 bench serve --base-url http://127.0.0.1:8000 --random-input-len 1024 --random-output-len 256 \
+        --num-prompts 32 --concurrency 32 --json "$OUT/serve_decode32_llama-3.1-8b_$tag.json"
+      stop_server
+      decode llama-3.1-8b best b32 --batch 32 --context 1152
+      start_server warm  # the same candidate again: its compiled kernels from the server's cache
+      stop_server
+    else
+      step 200 bench serve --base-url http://127.0.0.1:8000 --trace "$traces/mooncake_conversation.jsonl" \
+        --max-requests 300 --max-input 32768 --max-output 256 --concurrency 32 --speedup 1000 \
+        --json "$OUT/serve_mooncake_llama-3.1-8b_$tag.json"
+      azure 8 90 200
+      azure 32 90 500
+      stop_server
+      step 300 bench prefill --model llama-3.1-8b --device cuda --dtype bfloat16 --candidate best \
+        --tokens 16384,32768,65536,131072 --repeats 1 --json "$OUT/prefill_llama-3.1-8b_$tag.json"
+    fi
     ;;
   tests)
     [ $# -gt 0 ] || set -- tests/gpu
