@@ -29,16 +29,26 @@ from athanor.serve.scheduler import Chunk, Scheduler, StepPlan
 log = logging.getLogger(__name__)
 
 
+class _Done:
+    """What `torch.cuda.Event` is to a step queued on a GPU, for a device that runs each step as it is queued."""
+
+    def record(self) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
 @dataclass
 class Launched:
-    """A decode step queued on the device: its rows, and where its tokens land on the host."""
+    """A step queued on the device: its rows, and where its tokens land on the host."""
 
     candidate_id: str
     rows: list[tuple[str, int]]
     """(request id, position fed) per row: what a later plan must ask for to use this step."""
     host: Tensor
-    """Pinned [max_seqs] buffer the tokens are copied into, valid once `done` has fired."""
-    done: torch.cuda.Event
+    """[max_seqs] buffer (pinned on a GPU) the tokens are copied into, valid once `done` has fired."""
+    done: torch.cuda.Event | _Done
 
 
 @dataclass(frozen=True)
@@ -252,13 +262,14 @@ class Executor:
                 self._pinned = [self._pinned_tokens() for _ in range(2)]
             self._pinned.reverse()
             host = self._pinned[0]
-        host[:tokens.shape[0]].copy_(tokens, non_blocking=True)
-        done = torch.cuda.Event()
+        cuda = self.device.type == "cuda"
+        host[:tokens.shape[0]].copy_(tokens, non_blocking=cuda)
+        done = torch.cuda.Event() if cuda else _Done()
         done.record()
         return Launched(cid, rows, host, done)
 
     def _pinned_tokens(self) -> Tensor:
-        return torch.empty(self.engine.config.max_seqs, dtype=torch.long, pin_memory=True)
+        return torch.empty(self.engine.config.max_seqs, dtype=torch.long, pin_memory=self.device.type == "cuda")
 
     def _prefill_host(self) -> Tensor:
         if self._prefill_pinned is None:
