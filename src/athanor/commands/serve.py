@@ -123,8 +123,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from athanor.engine.candidate_dir import load_candidate_dir
     from athanor.errors import ConfigError
     from athanor.model.device import resolve_device
-    from athanor.serve.app import ServeOptions, run_server
+    from athanor.serve.app import run_server
     from athanor.serve.config import SchedulerConfig
+    from athanor.serve.state import ServeOptions
 
     if args.model_arg and args.model and args.model_arg != args.model:
         raise ConfigError(f"serve {args.model_arg} --model {args.model}: name the model once")

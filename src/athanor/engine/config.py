@@ -83,7 +83,7 @@ class EngineConfig:
     trusted: bool = False
     """The worker may write `cache_dir`: the evaluator's reference worker, which never imports candidate code, for
     the shared compile cache; a server's worker, for a cache of its own that no other candidate's server loads
-    (`athanor.serve.app.serving_cache`). Every other sandboxed worker sees the cache read-only, its own compiles
+    (`athanor.serve.state.serving_cache`). Every other sandboxed worker sees the cache read-only, its own compiles
     going to a cache of its own (Triton and Inductor load a cached binary by key without checking it)."""
     seed: int = 0
     """Seed of random-weight models."""

@@ -8,8 +8,10 @@ OpenAI-compatible servers do. Every error is `{"error": {"message", "type", "par
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -31,10 +33,11 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+MAX_CHOICES = 16
+"""Most choices (`n`) one request may ask for."""
+MAX_TOP_LOGPROBS = 20
+
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "logprobs": (None, 0, False),
-    "top_logprobs": (None, 0),
-    "n": (None, 1),
     "best_of": (None, 1),
     "response_format": (None, {"type": "text"}),
     "tools": (None, []),
@@ -78,6 +81,8 @@ class _Request(BaseModel):
     """vLLM's: generate max_tokens tokens past the end-of-sequence token (benchmarks use it)."""
     stream_options: dict[str, Any] | None = None
     user: str | None = None
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
+    """Choices generated for the prompt; choice i samples with seed + i (all alike when greedy)."""
 
     def stop_strings(self) -> list[str]:
         if self.stop is None:
@@ -90,10 +95,33 @@ class _Request(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.get("include_usage"))
 
+    def top_logprobs_wanted(self) -> int:
+        """-1: no log-probabilities; k >= 0: each output token's, with the k most likely tokens' (`Submit.logprobs`)."""
+        return -1
+
+    def _check_logprobs(self) -> None:
+        if self.top_logprobs_wanted() >= 0 and self.stream:
+            raise APIError(400, "logprobs: not supported on a streamed request (omit it, or send stream: false)",
+                           param="logprobs", code="unsupported_field")
+
 
 class CompletionRequest(_Request):
     prompt: str | list[int]
     echo: bool = False
+    """Return the prompt's text before the completion's."""
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    """Each output token's log-probability and the `logprobs` most likely tokens' (the legacy API's form)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> CompletionRequest:
+        self._check_logprobs()
+        if self.echo and self.logprobs is not None:
+            raise APIError(400, "echo with logprobs: the prompt's log-probabilities are not supported (omit one)",
+                           param="echo", code="unsupported_field")
+        return self
+
+    def top_logprobs_wanted(self) -> int:
+        return -1 if self.logprobs is None else self.logprobs
 
 
 class ChatMessage(BaseModel):
@@ -117,6 +145,18 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _check(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError(400, "top_logprobs: needs logprobs: true", param="top_logprobs")
+        self._check_logprobs()
+        return self
+
+    def top_logprobs_wanted(self) -> int:
+        return (self.top_logprobs or 0) if self.logprobs else -1
 
 
 class DeployRequest(BaseModel):
@@ -130,29 +170,68 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def completion_body(rid: str, model: str, text: str, finish: str | None, prompt_tokens: int,
+@dataclass(frozen=True)
+class Choice:
+    """One finished choice of a request, as the bodies below need it."""
+
+    text: str
+    finish_reason: str | None
+    tokens: list[str] = field(default_factory=list)
+    """With log-probabilities: each output token's text."""
+    logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[str, float]]] = field(default_factory=list)
+    """Per output token, the most likely tokens' texts and log-probabilities."""
+    text_offset: int = 0
+    """Where the first output token's text starts in `text` (after an echoed prompt)."""
+    with_logprobs: bool = False
+
+
+def completion_logprobs(c: Choice) -> dict[str, Any] | None:
+    """The legacy completions API's `logprobs` object of a choice."""
+    if not c.with_logprobs:
+        return None
+    offsets = list(itertools.accumulate((len(t) for t in c.tokens[:-1]), initial=c.text_offset))
+    return {"tokens": c.tokens, "token_logprobs": c.logprobs, "text_offset": offsets[:len(c.tokens)],
+            "top_logprobs": [dict(top) for top in c.top] if c.top else [{} for _ in c.tokens]}
+
+
+def _token(text: str, logprob: float) -> dict[str, Any]:
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+
+def chat_logprobs(c: Choice) -> dict[str, Any] | None:
+    """The chat API's `logprobs` object of a choice."""
+    if not c.with_logprobs:
+        return None
+    tops = c.top or [[] for _ in c.tokens]
+    return {"content": [{**_token(t, lp), "top_logprobs": [_token(u, v) for u, v in top]}
+                        for t, lp, top in zip(c.tokens, c.logprobs, tops, strict=True)]}
+
+
+def completion_body(rid: str, model: str, choices: list[Choice], prompt_tokens: int,
                     completion_tokens: int) -> dict[str, Any]:
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+            "choices": [{"index": i, "text": c.text, "logprobs": completion_logprobs(c), "finish_reason":
+                         c.finish_reason} for i, c in enumerate(choices)],
             "usage": usage(prompt_tokens, completion_tokens)}
 
 
-def completion_chunk(rid: str, model: str, text: str, finish: str | None) -> dict[str, Any]:
+def completion_chunk(rid: str, model: str, text: str, finish: str | None, index: int = 0) -> dict[str, Any]:
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+            "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": finish}]}
 
 
-def chat_body(rid: str, model: str, text: str, finish: str | None, prompt_tokens: int,
+def chat_body(rid: str, model: str, choices: list[Choice], prompt_tokens: int,
               completion_tokens: int) -> dict[str, Any]:
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                         "finish_reason": finish}],
+            "choices": [{"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs":
+                         chat_logprobs(c), "finish_reason": c.finish_reason} for i, c in enumerate(choices)],
             "usage": usage(prompt_tokens, completion_tokens)}
 
 
-def chat_chunk(rid: str, model: str, delta: dict[str, str], finish: str | None) -> dict[str, Any]:
+def chat_chunk(rid: str, model: str, delta: dict[str, str], finish: str | None, index: int = 0) -> dict[str, Any]:
     return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+            "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]}
 
 
 def usage_chunk(rid: str, model: str, obj: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The FastAPI app: OpenAI-compatible routes, /health, /metrics and the admin routes.
+"""The FastAPI app: OpenAI-compatible routes, /health, /metrics and the admin routes (its state: `serve/state.py`).
 
 `create_app(options)` builds it; its lifespan loads the tokenizer, starts the serving worker
 (which loads the model and builds the candidate) and stops it again. `run_server` serves it with
@@ -7,14 +7,12 @@ uvicorn.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import secrets
-import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -22,162 +20,18 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
-from athanor import settings
 from athanor.engine.candidate_dir import load_candidate_dir
-from athanor.engine.config import SERVING_BUCKETS, EngineConfig, SandboxConfig, decode_buckets
 from athanor.errors import AthanorError
-from athanor.seams import pages_for
-from athanor.serve import api
-from athanor.serve.admin import DeploymentBook, DeploymentRecorder, check_key, check_token, current_candidate
+from athanor.serve import api, choices
+from athanor.serve.admin import check_key, check_token, current_candidate
 from athanor.serve.api import APIError
-from athanor.serve.config import CanaryConfig, SchedulerConfig, WorkerConfig
 from athanor.serve.frontend import WorkerHandle
 from athanor.serve.generation import Generation, GenerationParams
-from athanor.serve.messages import Deploy, DeploymentState
-from athanor.serve.metrics import ServeMetrics
-from athanor.serve.reqlog import RequestLog
+from athanor.serve.messages import Deploy
+from athanor.serve.state import ServeOptions, ServerState
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
-
-
-@dataclass(frozen=True)
-class ServeOptions:
-    """`athanor serve`'s settings."""
-
-    model: str
-    candidate_dir: str = ""
-    """Serve this candidate directory from the start; empty: the reference forward (baseline)."""
-    served_model_name: str = ""
-    """The name clients pass as `model`; empty: `model`."""
-    device: str = "cpu"
-    dtype: str = ""
-    max_seqs: int = 8
-    """Concurrent sequences per resident candidate (KV slots)."""
-    max_seq_len: int = 2048
-    """Context length: prompt plus generated tokens."""
-    kv_tokens: int = 0
-    """Each candidate's KV pool in tokens; 0: sized by the worker (`athanor.serve.worker.build_with_pool`)."""
-    threads: int = 0
-    """CPU threads of the worker (0: the engine's default)."""
-    sandbox: bool = True
-    """Run candidate code in the engine's sandbox (no network, confined writes)."""
-    admin_token: str = ""
-    """Bearer token of the admin API; empty disables it."""
-    api_key: str = ""
-    """Bearer key every /v1 request must carry (empty: none)."""
-    log_path: str = ""
-    """Request log (JSONL, `athanor` format); empty: none."""
-    log_prompts: bool = False
-    store: str = ""
-    """Experiment store (path or URL) for deployment records; empty: none."""
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    canary: CanaryConfig = field(default_factory=CanaryConfig)
-    canaries: bool = True
-    """Keep room for a deploy's challenger beside the incumbent. False: one resident, whose KV pool takes the whole
-    memory a canary would split, and `/admin/deploy` answers 409."""
-    run_dir: str = ""
-    """Where the worker's socket, scratch and log go; empty: a fresh temporary directory."""
-
-    @property
-    def name(self) -> str:
-        return self.served_model_name or self.model
-
-
-class _IdTokenizer:
-    """For models without a tokenizer (random presets): prompts are token ids, text is the ids."""
-
-    stop_ids: tuple[int, ...] = ()
-
-    def encode(self, text: str) -> list[int]:
-        raise APIError(400, "this model has no tokenizer: pass the prompt as a list of token ids", param="prompt")
-
-    def decode(self, ids: list[int], skip_special: bool = True) -> str:
-        return "".join(f" {i}" for i in ids)
-
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        raise APIError(400, "this model has no tokenizer or chat template: use /v1/completions with token ids")
-
-
-class ServerState:
-    def __init__(self, options: ServeOptions) -> None:
-        self.options = options
-        self.metrics = ServeMetrics()
-        self.request_log = RequestLog(options.log_path, options.log_prompts) if options.log_path else None
-        self.tokenizer: Any = None
-        self.handle: WorkerHandle | None = None
-        self.recorder: DeploymentRecorder | None = None
-        self.deployments = DeploymentBook(None, options.name)
-        self._tmp: tempfile.TemporaryDirectory[str] | None = None
-
-    async def start(self) -> None:
-        from athanor.model.registry import load_tokenizer
-
-        o = self.options
-        try:
-            self.tokenizer = load_tokenizer(o.model)
-        except AthanorError:
-            self.tokenizer = _IdTokenizer()
-        if o.store:
-            from athanor.store import open_store
-
-            self.recorder = open_store(o.store)
-        self.deployments = DeploymentBook(self.recorder, o.name)
-        if o.run_dir:
-            run_dir = Path(o.run_dir)
-        else:
-            self._tmp = tempfile.TemporaryDirectory(prefix="ath-serve-")  # short: unix socket paths are ~100 bytes
-            run_dir = Path(self._tmp.name)
-        sock = str(run_dir / "serve.sock")
-        engine = EngineConfig(model=o.model, device=o.device, dtype=o.dtype, max_seqs=o.max_seqs,
-                              max_seq_len=o.max_seq_len, kv_pages=pages_for(o.kv_tokens, EngineConfig.page_size),
-                              buckets=decode_buckets(o.max_seqs, SERVING_BUCKETS),
-                              scratch_dir=str(run_dir / "scratch"), socket_path=sock,
-                              sandbox=SandboxConfig(enabled=o.sandbox), cpu_threads=o.threads,
-                              cache_dir=str(serving_cache(o.candidate_dir)), trusted=True,
-                              max_resident=2 if o.canaries else 1)
-        config = WorkerConfig(engine, sock, o.candidate_dir, o.scheduler, o.canary)
-        self.handle = WorkerHandle(config, run_dir, on_step=self.metrics.on_step, on_deployment=self.on_deployment)
-        status = await self.handle.start()
-        self.metrics.set_candidate(status.active_candidate)
-        self.metrics.kv_pool_tokens.set(status.kv_pool_tokens)
-
-    async def close(self) -> None:
-        if self.handle is not None:
-            await self.handle.close()
-        if self.request_log is not None:
-            self.request_log.close()
-        if self._tmp is not None:
-            self._tmp.cleanup()
-
-    def on_deployment(self, state: DeploymentState) -> None:
-        done = self.deployments.update(state)
-        if done is None:
-            return
-        self.metrics.deployments.labels(done.phase).inc()
-        if done.phase == "deployed" and self.handle is not None:
-            self.handle.serve_candidate_dir(done.candidate_dir)
-            self.metrics.set_candidate(done.candidate_id)
-
-    def probes(self) -> tuple[tuple[int, ...], ...]:
-        """Real text for the canary to mirror when there is no traffic (64-token pieces of the corpus)."""
-        from athanor.traffic.corpus import encoded_sentences
-
-        if isinstance(self.tokenizer, _IdTokenizer):
-            return ()
-        flat = [t for s in encoded_sentences(self.tokenizer) for t in s]
-        return tuple(tuple(flat[i:i + 64]) for i in range(0, min(len(flat), 64 * 8), 64))
-
-
-def serving_cache(candidate_dir: str) -> Path:
-    """The compile caches of a server that starts with `candidate_dir` (empty: the reference), writable by its
-    worker: a restart with the same candidate loads its compiled kernels instead of compiling them again. One
-    directory per starting candidate's content hash, apart from the compile loop's shared cache, so what a server
-    compiled is loaded only by a server of that same candidate (and the candidates its admin deploys into it)."""
-    from athanor.engine.candidate import baseline_candidate
-
-    cand = load_candidate_dir(candidate_dir) if candidate_dir else baseline_candidate()
-    return settings.cache_dir() / "serve" / cand.id
 
 
 def _parse(raw: bytes, model: type[M]) -> M:
@@ -193,6 +47,11 @@ def _parse(raw: bytes, model: type[M]) -> M:
         err = e.errors()[0]
         param = ".".join(str(x) for x in err.get("loc", ())) or None
         raise APIError(400, f"{param or 'body'}: {err.get('msg', 'invalid value')}", param=param) from None
+
+
+def _generated(gens: list[Generation]) -> int:
+    """Completion tokens of all a request's choices (its usage)."""
+    return sum(len(g.output_ids) for g in gens)
 
 
 def _sse(obj: object) -> bytes:
@@ -297,12 +156,19 @@ def create_app(options: ServeOptions, state: ServerState | None = None) -> FastA
         if not vocab_ok:
             raise APIError(400, "prompt: token ids must be non-negative", param="prompt")
         seed = req.seed if req.seed is not None else secrets.randbits(31)
-        return GenerationParams(max_tokens or room, req.temperature, req.top_p, seed & ((1 << 62) - 1),
-                                tuple(req.stop_strings()), () if req.ignore_eos else tuple(state.tokenizer.stop_ids))
+        return GenerationParams(max_tokens or room, req.temperature, req.top_p, seed,
+                                tuple(req.stop_strings()), () if req.ignore_eos else tuple(state.tokenizer.stop_ids),
+                                req.top_logprobs_wanted())
 
-    def generation(prompt_ids: list[int], p: GenerationParams, prompt_text: str, prefix: str) -> Generation:
-        return Generation(handle(), state.tokenizer, state.metrics, state.request_log, prompt_ids, p,
-                          prompt_text if options.log_prompts else None, prefix)
+    async def start(prompt_ids: list[int], p: GenerationParams, n: int, prompt_text: str,
+                    prefix: str) -> list[Generation]:
+        """The request's `n` choices, started; choice i samples with seed + i."""
+        def make(i: int) -> Generation:
+            choice = dataclasses.replace(p, seed=(p.seed + i) & ((1 << 62) - 1))
+            return Generation(handle(), state.tokenizer, state.metrics, state.request_log, prompt_ids, choice,
+                              prompt_text if options.log_prompts else None, prefix)
+
+        return await choices.start(make, n)
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> JSONResponse | StreamingResponse:
@@ -311,21 +177,24 @@ def create_app(options: ServeOptions, state: ServerState | None = None) -> FastA
             text, ids = req.prompt, list(state.tokenizer.encode(req.prompt))
         else:
             text, ids = "", list(req.prompt)
-        gen = generation(ids, params(req, ids, req.max_tokens if req.max_tokens is not None else 16), text, "cmpl")
-        await gen.start()
+        gens = await start(ids, params(req, ids, req.max_tokens if req.max_tokens is not None else 16), req.n, text,
+                           "cmpl")
+        echo = (text or state.tokenizer.decode(ids)) if req.echo else ""
+        rid, used = gens[0].request_id, len(ids)
         if not req.stream:
-            out = await gen.complete()
-            return JSONResponse(api.completion_body(gen.request_id, options.name, out, gen.finish_reason, len(ids),
-                                                    len(gen.output_ids)))
+            await choices.complete(gens)
+            return JSONResponse(api.completion_body(rid, options.name, [choices.finished(g, state.tokenizer, echo)
+                                                                        for g in gens], used, _generated(gens)))
 
         async def events() -> AsyncIterator[bytes]:
             try:
-                async for piece in gen.deltas():
-                    yield _sse(api.completion_chunk(gen.request_id, options.name, piece, None))
-                yield _sse(api.completion_chunk(gen.request_id, options.name, "", gen.finish_reason))
+                for i in range(len(gens)) if echo else ():
+                    yield _sse(api.completion_chunk(rid, options.name, echo, None, i))
+                async for i, piece in choices.merged(gens):
+                    finish = gens[i].finish_reason if piece is None else None
+                    yield _sse(api.completion_chunk(rid, options.name, piece or "", finish, i))
                 if req.include_usage():
-                    yield _sse(api.usage_chunk(gen.request_id, options.name, "text_completion", len(ids),
-                                               len(gen.output_ids)))
+                    yield _sse(api.usage_chunk(rid, options.name, "text_completion", used, _generated(gens)))
             except APIError as e:
                 yield _sse(e.body())
             yield b"data: [DONE]\n\n"
@@ -344,22 +213,24 @@ def create_app(options: ServeOptions, state: ServerState | None = None) -> FastA
             raise APIError(400, f"messages: the chat template refused them ({e})", param="messages") from None
         ids = list(state.tokenizer.encode(text))
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        gen = generation(ids, params(req, ids, max_tokens), text, "chatcmpl")
-        await gen.start()
+        gens = await start(ids, params(req, ids, max_tokens), req.n, text, "chatcmpl")
+        rid, used = gens[0].request_id, len(ids)
         if not req.stream:
-            out = await gen.complete()
-            return JSONResponse(api.chat_body(gen.request_id, options.name, out, gen.finish_reason, len(ids),
-                                              len(gen.output_ids)))
+            await choices.complete(gens)
+            return JSONResponse(api.chat_body(rid, options.name, [choices.finished(g, state.tokenizer) for g in gens],
+                                              used, _generated(gens)))
 
         async def events() -> AsyncIterator[bytes]:
             try:
-                yield _sse(api.chat_chunk(gen.request_id, options.name, {"role": "assistant", "content": ""}, None))
-                async for piece in gen.deltas():
-                    yield _sse(api.chat_chunk(gen.request_id, options.name, {"content": piece}, None))
-                yield _sse(api.chat_chunk(gen.request_id, options.name, {}, gen.finish_reason))
+                for i in range(len(gens)):
+                    yield _sse(api.chat_chunk(rid, options.name, {"role": "assistant", "content": ""}, None, i))
+                async for i, piece in choices.merged(gens):
+                    if piece is None:
+                        yield _sse(api.chat_chunk(rid, options.name, {}, gens[i].finish_reason, i))
+                    else:
+                        yield _sse(api.chat_chunk(rid, options.name, {"content": piece}, None, i))
                 if req.include_usage():
-                    yield _sse(api.usage_chunk(gen.request_id, options.name, "chat.completion.chunk", len(ids),
-                                               len(gen.output_ids)))
+                    yield _sse(api.usage_chunk(rid, options.name, "chat.completion.chunk", used, _generated(gens)))
             except APIError as e:
                 yield _sse(e.body())
             yield b"data: [DONE]\n\n"

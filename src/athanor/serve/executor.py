@@ -24,7 +24,7 @@ from athanor.engine.pages import write_pages
 from athanor.model import PrefillBatch
 from athanor.model.sampling import sample
 from athanor.serve.canary import Canary
-from athanor.serve.scheduler import Chunk, Scheduler, StepPlan
+from athanor.serve.scheduler import Chunk, Scheduler, StepPlan, TokenLogprobs
 
 log = logging.getLogger(__name__)
 
@@ -151,10 +151,13 @@ class Executor:
         samples (that sequence would join the next step's decode rows)."""
         self._map_pages()
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and not self._continues(ahead, plan):
+        # Decode rows that want log-probabilities need their step's logits, which a queued step does not keep.
+        decode_logprobs = any(self._wants_logprobs(chunks) for chunks in plan.decode.values())
+        if ahead is not None and (decode_logprobs or not self._continues(ahead, plan)):
             ahead.done.synchronize()  # dropped: let it finish before anything can free what it uses
             ahead = None
-        if (chain or ahead is not None) and len(plan.decode) == 1 and set(plan.prefill) <= set(plan.decode):
+        if ((chain or ahead is not None) and not decode_logprobs and len(plan.decode) == 1
+                and set(plan.prefill) <= set(plan.decode)):
             (cid, chunks), = plan.decode.items()
             resident = self.engine.residents.get(cid)
             if resident is not None and resident.runner.captured:
@@ -183,9 +186,32 @@ class Executor:
                     failure = self._shadow(canary, chunks, decode, logits, seconds)
                     if failure is not None:
                         failures.append(failure)
-                for chunk, token in zip(chunks, tokens.tolist()):
-                    self.scheduler.complete(chunk, int(token))
+                for chunk, token, logprobs in zip(chunks, tokens.tolist(), self._logprobs(chunks, tokens, logits)):
+                    self.scheduler.complete(chunk, int(token), logprobs)
         return failures
+
+    @staticmethod
+    def _wants_logprobs(chunks: list[Chunk]) -> bool:
+        return any(c.seq.request.logprobs >= 0 for c in chunks)
+
+    @staticmethod
+    def _logprobs(chunks: list[Chunk], tokens: Tensor, logits: Tensor) -> list[TokenLogprobs | None]:
+        """Per chunk, its sampled token's log-probability and its request's k most likely tokens' (the raw
+        distribution, `Submit.logprobs`), where the request asks for them and the chunk samples; else None."""
+        out: list[TokenLogprobs | None] = [None] * len(chunks)
+        want = [i for i, c in enumerate(chunks) if c.samples and c.seq.request.logprobs >= 0]
+        if not want:
+            return out
+        rows = torch.tensor(want, device=logits.device)
+        lp = torch.log_softmax(logits.index_select(0, rows).float(), -1)
+        chosen = lp.gather(1, tokens.index_select(0, rows)[:, None].long()).squeeze(1).tolist()
+        k = max(chunks[i].seq.request.logprobs for i in want)
+        top_values, top_ids = lp.topk(k, -1) if k else (lp[:, :0], lp[:, :0].long())
+        values, ids = top_values.tolist(), top_ids.tolist()
+        for j, i in enumerate(want):
+            n = chunks[i].seq.request.logprobs
+            out[i] = TokenLogprobs(chosen[j], tuple(ids[j][:n]), tuple(values[j][:n]))
+        return out
 
     def _map_pages(self) -> None:
         """Copy the scheduler's page assignments into each resident's block table, behind any step queued on the
@@ -224,12 +250,14 @@ class Executor:
         # Stream order: this step's decode, its prefill chunks, then the decode step queued after it, so waiting
         # for the prefill's tokens never waits for that next step.
         current = ahead if ahead is not None else self._launch(resident, cid, chunks)
-        prefilled = None
+        prefilled, prefill_logits = None, None
         if prefill:
             with self.engine.armed():
-                tokens, _ = self._prefill(resident, prefill, self._inputs(prefill, twin=False, decode=False))
+                tokens, prefill_logits = self._prefill(resident, prefill, self._inputs(prefill, twin=False,
+                                                                                       decode=False))
             prefilled = self._record(cid, self._rows_of(prefill), tokens, self._prefill_host())
-        if (queue_next and not any(c.samples for c in prefill)
+        # (Log-probabilities are read only for chunks that sample, and then nothing is queued behind them.)
+        if (queue_next and not any(c.samples for c in prefill) and not self._wants_logprobs(chunks)
                 and all(c.seq.num_generated + 1 < c.seq.request.max_tokens for c in chunks)):
             with self.engine.armed():
                 again = resident.runner.step_again()
@@ -241,11 +269,13 @@ class Executor:
             current.done.synchronize()
         for chunk, token in zip(chunks, current.host[:len(chunks)].tolist()):
             self.scheduler.complete(chunk, int(token))
-        if prefilled is not None:
+        if prefilled is not None and prefill_logits is not None:
             with self.engine.armed():
                 prefilled.done.synchronize()
-            for chunk, token in zip(prefill, prefilled.host[:len(prefill)].tolist()):
-                self.scheduler.complete(chunk, int(token))
+            tokens = prefilled.host[:len(prefill)]
+            for chunk, token, logprobs in zip(prefill, tokens.tolist(),
+                                              self._logprobs(prefill, tokens.to(self.device), prefill_logits)):
+                self.scheduler.complete(chunk, int(token), logprobs)
         return []
 
     def _launch(self, resident: Resident, cid: str, chunks: list[Chunk]) -> Launched:

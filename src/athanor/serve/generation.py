@@ -40,6 +40,8 @@ class GenerationParams:
     seed: int
     stop: tuple[str, ...] = ()
     stop_ids: tuple[int, ...] = ()
+    logprobs: int = -1
+    """`Submit.logprobs`: -1 none; k >= 0 each token's log-probability and the k most likely tokens'."""
 
 
 class Generation:
@@ -55,6 +57,10 @@ class Generation:
         self.prompt_text = prompt_text
         self.request_id = f"{prefix}-{time.time_ns():x}{next(_ids):x}"
         self.output_ids: list[int] = []
+        self.logprobs: list[float] = []
+        """Per output token, its log-probability (with `params.logprobs` >= 0)."""
+        self.top: list[list[tuple[int, float]]] = []
+        """Per output token, the `params.logprobs` most likely tokens at its step and their log-probabilities."""
         self.finish_reason: str | None = None
         self.text = ""
         self._emitted = 0
@@ -69,7 +75,7 @@ class Generation:
         """Submit and wait for the first answer; an APIError when the worker refuses the request."""
         p = self.params
         self._queue = await self.handle.submit(Submit(self.request_id, tuple(self.prompt_ids), p.max_tokens,
-                                                      p.temperature, p.top_p, p.seed, p.stop_ids))
+                                                      p.temperature, p.top_p, p.seed, p.stop_ids, p.logprobs))
         first = await self._queue.get()
         if isinstance(first, Rejected):
             self._recorded = True
@@ -102,6 +108,13 @@ class Generation:
                 self.finish_reason = "abort"
             self._record()
 
+    async def cancel(self) -> None:
+        """Stop a started request whose tokens nobody will read (another choice of its request failed)."""
+        if self.finish_reason is None:
+            await self.handle.abort(self.request_id)
+            self.finish_reason = "abort"
+        self._record()
+
     async def complete(self) -> str:
         async for _ in self.deltas():
             pass
@@ -111,6 +124,11 @@ class Generation:
         if out.tokens and self._first is None:
             self._first = time.perf_counter()
         self.output_ids.extend(out.tokens)
+        self.logprobs.extend(out.logprobs)
+        k = self.params.logprobs
+        if k > 0:
+            pairs = list(zip(out.top_ids, out.top_logprobs, strict=True))
+            self.top.extend(pairs[i:i + k] for i in range(0, len(pairs), k))
         text = self.tokenizer.decode(self.output_ids)
         finish = out.finish_reason
         stops = self.params.stop

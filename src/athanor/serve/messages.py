@@ -11,6 +11,7 @@ carrying every request's new tokens), `Rejected`, `Status`, `DeploymentState` (o
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,9 @@ class Submit:
     seed: int = 0
     stop_ids: tuple[int, ...] = ()
     """Token ids that end the sequence (not returned). Stop *strings* are the front end's: it aborts."""
+    logprobs: int = -1
+    """Log-probabilities returned with each generated token: -1 none; k >= 0 the token's own and the k most likely
+    tokens' (the model's raw distribution, before temperature and top-p)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,12 @@ class TokenOutput:
     error: str = ""
     candidate_id: str = ""
     """The candidate that prefilled the sequence (it stays there unless that candidate fails)."""
+    logprobs: tuple[float, ...] = ()
+    """With `Submit.logprobs` >= 0: each new token's log-probability."""
+    top_ids: tuple[int, ...] = ()
+    """With `Submit.logprobs` = k > 0: the k most likely tokens at each new token's step, k per token in order."""
+    top_logprobs: tuple[float, ...] = ()
+    """Their log-probabilities, as `top_ids`."""
 
 
 @dataclass(frozen=True)
@@ -131,18 +141,49 @@ class MessageError(Exception):
     """A frame that is not one of these messages."""
 
 
+NESTED: dict[type, dict[str, type]] = {StepReport: {"outputs": TokenOutput}, Status: {"deployment": DeploymentState}}
+"""Fields that hold messages (one, or a tuple of them): everything else is a JSON value, a tuple or a dict."""
+
+
+def _plain(message: Any) -> dict[str, Any]:
+    # vars(), not dataclasses.asdict: the latter deep-copies every value, several times slower on a step's report
+    # of hundreds of outputs, in the worker's loop between steps.
+    out = dict(vars(message))
+    for name in NESTED.get(type(message), ()):
+        value = out[name]
+        if isinstance(value, tuple):
+            out[name] = [_plain(v) for v in value]
+        elif value is not None:
+            out[name] = _plain(value)
+    return out
+
+
 def encode(message: object) -> bytes:
     assert dataclasses.is_dataclass(message) and not isinstance(message, type)
-    return json.dumps({"type": type(message).__name__, "fields": dataclasses.asdict(message)}).encode()
+    return json.dumps({"type": type(message).__name__, "fields": _plain(message)}).encode()
+
+
+@functools.cache
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
+def _tuple(values: list[Any]) -> tuple[Any, ...]:
+    """A JSON array as the tuple it was sent as (nested arrays too: `Deploy.probes`)."""
+    if values and isinstance(values[0], list):
+        return tuple(_tuple(v) if isinstance(v, list) else v for v in values)
+    return tuple(values)
 
 
 def _build(cls: type, fields: dict[str, Any]) -> Any:
-    names = {f.name for f in dataclasses.fields(cls)}
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items() if k in names}
-    if cls is StepReport:
-        values["outputs"] = tuple(_build(TokenOutput, o) for o in fields.get("outputs", ()))
-    if cls is Status and fields.get("deployment"):
-        values["deployment"] = _build(DeploymentState, fields["deployment"])
+    names = _field_names(cls)
+    values = {k: _tuple(v) if isinstance(v, list) else v for k, v in fields.items() if k in names}
+    for name, inner in NESTED.get(cls, {}).items():
+        raw = fields.get(name)
+        if isinstance(raw, list):
+            values[name] = tuple(_build(inner, o) for o in raw)
+        elif raw:
+            values[name] = _build(inner, raw)
     return cls(**values)
 
 

@@ -50,6 +50,8 @@ from athanor.serve.config import SchedulerConfig
 from athanor.serve.kv_pages import PagePool, SlotPool, page_key
 from athanor.serve.messages import Submit
 
+MAX_LOGPROBS = 20
+"""Most likely tokens returned per generated token (OpenAI's limit for `top_logprobs`)."""
 DECODE_LOOKAHEAD = 1
 """Positions past its own that a decode row also holds a page for. The executor may queue the next decode step
 before the host has seen this one's tokens (`Executor.run`, `chain`); that step writes position `end`, which must
@@ -86,6 +88,11 @@ class Sequence:
     """The shadow copy's pages in the challenger's pool (same positions as `pages`, never shared)."""
     preemptions: int = 0
     """Times it was preempted for lack of pages (and recomputed)."""
+    logprobs: list[float] = field(default_factory=list, repr=False)
+    """Per generated token, its log-probability (when the request asks for them)."""
+    top_ids: list[int] = field(default_factory=list, repr=False)
+    """Per generated token, the request's k most likely tokens at that step (k each, in order)."""
+    top_logprobs: list[float] = field(default_factory=list, repr=False)
     page_keys: list[bytes] = field(default_factory=list, repr=False)
     """Prefix-cache keys of its leading full pages, as far as computed so far (tokens never change, only grow)."""
 
@@ -105,6 +112,15 @@ class Sequence:
     def is_decoding(self) -> bool:
         """Only the last sampled token is left to feed (and the prompt was computed before)."""
         return self.num_computed > 0 and self.num_computed == len(self.tokens) - 1
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """A sampled token's log-probability and the most likely tokens' at its step (`Submit.logprobs`)."""
+
+    logprob: float
+    top_ids: tuple[int, ...] = ()
+    top_logprobs: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -204,6 +220,8 @@ class Scheduler:
                     f"the KV cache of {self.num_pages * self.page_size} tokens")
         if not 0 < request.top_p <= 1 or request.temperature < 0:
             return "temperature must be >= 0 and top_p in (0, 1]"
+        if not -1 <= request.logprobs <= MAX_LOGPROBS:
+            return f"logprobs is {request.logprobs}; at most {MAX_LOGPROBS} top tokens are returned"
         return ""
 
     def submit(self, request: Submit, *, is_probe: bool = False) -> Sequence | None:
@@ -418,9 +436,9 @@ class Scheduler:
         return (slots is not None and pool is not None and slots.num_free > 0 and pool.num_available >= need
                 and self.page_pools[seq.candidate_id].num_available >= need)
 
-    def complete(self, chunk: Chunk, next_token: int | None) -> None:
-        """Record that `chunk` ran; cache the pages it filled; append the sampled token and finish the sequence on
-        a stop id or a limit."""
+    def complete(self, chunk: Chunk, next_token: int | None, logprobs: TokenLogprobs | None = None) -> None:
+        """Record that `chunk` ran; cache the pages it filled; append the sampled token (with its `logprobs`, when
+        the request asks for them) and finish the sequence on a stop id or a limit."""
         seq = chunk.seq
         if seq.slot < 0:
             return  # finished, preempted or migrated since the plan: nothing of it is kept
@@ -433,6 +451,10 @@ class Scheduler:
             self.finish(seq, "stop")
             return
         seq.tokens.append(next_token)
+        if logprobs is not None:
+            seq.logprobs.append(logprobs.logprob)
+            seq.top_ids.extend(logprobs.top_ids)
+            seq.top_logprobs.extend(logprobs.top_logprobs)
         if seq.num_generated >= seq.request.max_tokens or len(seq.tokens) >= self.max_seq_len:
             self.finish(seq, "length")
 

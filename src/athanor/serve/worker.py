@@ -283,16 +283,19 @@ class ServingLoop:
         for seq in (*self.scheduler.running, *finished):
             if seq.is_probe:
                 continue
-            start = seq.num_prompt + seq.num_emitted
-            new = seq.tokens[start:]
+            done = seq.num_emitted
+            new = seq.tokens[seq.num_prompt + done:]
             if not new and seq.finish_reason is None:
                 continue
             seq.num_emitted += len(new)
             ident = self.owner.get(seq.request_id)
             if ident is None:
                 continue
-            by_owner[ident].append(m.TokenOutput(seq.request_id, tuple(new), seq.finish_reason, seq.error,
-                                                 seq.candidate_id))
+            k = max(0, seq.request.logprobs)  # top tokens per generated token
+            by_owner[ident].append(m.TokenOutput(
+                seq.request_id, tuple(new), seq.finish_reason, seq.error, seq.candidate_id,
+                tuple(seq.logprobs[done:seq.num_emitted]), tuple(seq.top_ids[k * done:k * seq.num_emitted]),
+                tuple(seq.top_logprobs[k * done:k * seq.num_emitted])))
             if seq.finish_reason is not None:
                 self.owner.pop(seq.request_id, None)
         if not by_owner and self.front_end:

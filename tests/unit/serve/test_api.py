@@ -116,9 +116,16 @@ BAD = [
     ("post", "/v1/completions", json.dumps({"model": MODEL, "prompt": "hi", "temperature": -1}).encode(), 400, None),
     # Fields of the API athanor does not implement are refused by name, not ignored.
     ("post", "/v1/chat/completions", json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
-                                                 "logprobs": True}).encode(), 400, "unsupported_field"),
-    ("post", "/v1/completions", json.dumps({"model": MODEL, "prompt": "hi", "n": 2}).encode(), 400,
+                                                 "logprobs": True, "stream": True}).encode(), 400,
      "unsupported_field"),
+    ("post", "/v1/completions", json.dumps({"model": MODEL, "prompt": "hi", "echo": True, "logprobs": 2}).encode(),
+     400, "unsupported_field"),
+    ("post", "/v1/completions", json.dumps({"model": MODEL, "prompt": "hi", "best_of": 2}).encode(), 400,
+     "unsupported_field"),
+    ("post", "/v1/completions", json.dumps({"model": MODEL, "prompt": "hi", "n": 17}).encode(), 400, None),
+    ("post", "/v1/completions", json.dumps({"model": MODEL, "prompt": "hi", "logprobs": 21}).encode(), 400, None),
+    ("post", "/v1/chat/completions", json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                                 "top_logprobs": 2}).encode(), 400, None),
     ("post", "/v1/chat/completions", json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
                                                  "response_format": {"type": "json_object"}}).encode(), 400,
      "unsupported_field"),
@@ -154,3 +161,73 @@ def test_server_keeps_serving_after_bad_input(server: Server) -> None:
                                               max_tokens=4)
     assert "Paris" in reply.choices[0].text
     assert httpx.get(f"{server.url}/health").json()["status"] == "ok"
+
+
+def test_n_choices_are_each_the_request_alone_with_the_next_seed(server: Server) -> None:
+    from athanor.bench.serve import _server_counters
+
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    prompt = "A list of rivers, numbered, begins with the Danube and goes on"
+    ask = {"model": MODEL, "max_tokens": 8, "temperature": 1.0, "extra_body": {"ignore_eos": True}}
+    before = asyncio.run(_server_counters(server.url))
+    many = client.completions.create(prompt=prompt, n=3, seed=40, **ask)
+    after = asyncio.run(_server_counters(server.url))
+    alone = [client.completions.create(prompt=prompt, seed=40 + i, **ask).choices[0].text for i in range(3)]
+    assert [c.index for c in many.choices] == [0, 1, 2]
+    assert [c.text for c in many.choices] == alone and len(set(alone)) > 1
+    assert many.usage is not None and many.usage.completion_tokens == 24
+    # The prompt's pages were computed once: the other choices computed only what follows its last full page.
+    n_prompt = many.usage.prompt_tokens
+    computed = after["prefill"] - before["prefill"]
+    assert computed <= n_prompt + 2 * 16, (computed, n_prompt)
+
+    chat = client.chat.completions.create(model=MODEL, messages=QUESTION, n=2, max_tokens=6, temperature=0,
+                                          stream=True)
+    texts, finished = ["", ""], []
+    for chunk in chat:
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            if c.finish_reason:
+                finished.append(c.index)
+    assert sorted(finished) == [0, 1] and texts[0] == texts[1] != ""  # greedy: alike
+
+
+def test_logprobs_are_the_models_log_softmax(server: Server, smollm2) -> None:
+    import torch
+
+    from athanor.model import BuildContext, make_prefill_batch
+    from athanor.model.reference import build
+
+    model, tokenizer = smollm2
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    prompt = tokenizer.encode("The capital of France is")
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, temperature=0.7, seed=1, logprobs=3,
+                                  extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert lp is not None and lp.tokens and lp.token_logprobs and lp.top_logprobs and lp.text_offset is not None
+    assert "".join(lp.tokens) == r.choices[0].text and lp.text_offset[0] == 0
+    # The reference forward over the prompt and the sampled tokens: each token's log-probability where it was drawn.
+    ids = prompt + [tokenizer.encode(t, add_bos=False)[0] for t in lp.tokens]
+    fwd = build(model, BuildContext(torch.device("cpu"), torch.float32, max_seqs=1, max_seq_len=len(ids)))
+    fwd.prefill(make_prefill_batch([prompt[:-1]], [0]))
+    for n in range(len(prompt) - 1, len(ids) - 1):
+        want = torch.log_softmax(fwd.prefill(make_prefill_batch([[ids[n]]], [0], seq_lens=[n]))[0].float(), -1)
+        k = n - len(prompt) + 1
+        assert abs(lp.token_logprobs[k] - want[ids[n + 1]].item()) < 1e-3
+        top = sorted(lp.top_logprobs[k].values(), reverse=True)
+        assert len(top) == 3 and abs(top[0] - want.max().item()) < 1e-3
+
+    chat = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4, temperature=0,
+                                          logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content if chat.choices[0].logprobs else None
+    assert content and len(content) == 4
+    for token in content:  # greedy: each token is the most likely one
+        assert len(token.top_logprobs) == 2 and abs(token.logprob - token.top_logprobs[0].logprob) < 1e-5
+        assert bytes(token.bytes or []).decode(errors="replace") == token.token
+
+
+def test_echo_returns_the_prompt_first(server: Server) -> None:
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=4, temperature=0, echo=True)
+    alone = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=4, temperature=0)
+    assert r.choices[0].text == "Once upon a time" + alone.choices[0].text

@@ -393,3 +393,17 @@ def _random_traffic(seed: int) -> None:
 def test_random_traffic_keeps_the_books_and_finishes() -> None:
     for seed in range(20):
         _random_traffic(seed)
+
+
+def test_every_message_survives_the_wire() -> None:
+    from athanor.serve import messages as m
+
+    outputs = (m.TokenOutput("a", (1, 2), None, "", "c1", (-0.5, -1.25), (1, 7, 2, 9), (-0.5, -0.9, -1.25, -2.0)),
+               m.TokenOutput("b", (), "error", "boom", "c1"))
+    state = m.DeploymentState(3, "c2", "c1", "shadow", "", {"kl": 0.001}, 1.0, 2.0)
+    for message in (m.Submit("a", (1, 2, 3), 8, 0.7, 0.9, 5, (2,), 3), m.Abort("a"), m.StatusQuery(), m.Shutdown(),
+                    m.Deploy(3, "src", "h" * 64, "p", "me", "d", ((1, 2), (3,))),
+                    m.StepReport(outputs, 2, 300, 1, 2, 0.01, 1), m.StepReport((), 0, 16, 0, 1, 0.02),
+                    m.Rejected("a", "no", "queue_full"), state,
+                    m.Status("c1", ("c1", "c2"), 0, 2, 7, state, 4096), m.Status("c1", ("c1",), 0, 0)):
+        assert m.decode(m.encode(message)) == message
