@@ -33,7 +33,8 @@ class DeploymentRecorder(Protocol):
     def add_deployment(self, candidate_id: str, target: str, status: str, *, reason: str = "",
                        run_id: str | None = None, details: Any = None) -> Any: ...
 
-    def update_deployment(self, deployment_id: int, status: str, *, reason: str = "") -> Any: ...
+    def update_deployment(self, deployment_id: int, status: str, *, reason: str = "",
+                          details: Any = None) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ class Deployment:
     figures: dict[str, float] = field(default_factory=dict)
     created_at: float = 0.0
     updated_at: float = 0.0
+    phases: tuple[tuple[str, float], ...] = ()
+    """Each phase the canary entered and when (Unix seconds)."""
 
     @property
     def finished(self) -> bool:
@@ -76,7 +79,7 @@ class DeploymentBook:
                                                details={"candidate_dir": candidate_dir, "incumbent": incumbent_id})
             key = int(rec.id)
         self._next = max(self._next, key) + 1
-        dep = Deployment(key, candidate_id, candidate_dir, incumbent_id, "pending", "", {}, now, now)
+        dep = Deployment(key, candidate_id, candidate_dir, incumbent_id, "pending", "", {}, now, now, (("pending", now),))
         self._items[key] = dep
         return dep
 
@@ -91,18 +94,28 @@ class DeploymentBook:
         dep = self._items.get(state.deploy_id)
         if dep is None or dep.finished:
             return None
-        dep = replace(dep, phase=state.phase, reason=state.reason, figures=dict(state.figures),
-                      updated_at=time.time())
+        now = time.time()
+        moved = state.phase != dep.phase
+        dep = replace(dep, phase=state.phase, reason=state.reason, figures=dict(state.figures), updated_at=now,
+                      phases=(*dep.phases, (state.phase, now)) if moved else dep.phases)
         self._items[dep.id] = dep
+        if moved:
+            self._record(dep)
         if not dep.finished:
             return None
         log.info("deployment %d of %s: %s %s", dep.id, dep.candidate_id, dep.phase, dep.reason)
-        if self.recorder is not None:
-            try:
-                self.recorder.update_deployment(dep.id, STORE_STATUS[dep.phase], reason=dep.reason)
-            except Exception as e:  # the store being away must not take the server down
-                log.warning("could not record deployment %d in the store: %s", dep.id, e)
         return dep
+
+    def _record(self, dep: Deployment) -> None:
+        """Mirror a phase change into the store: its status, and the canary's phases and comparisons so far."""
+        if self.recorder is None:
+            return
+        details = {"phases": [{"phase": p, "at": at} for p, at in dep.phases], "figures": dep.figures}
+        try:
+            self.recorder.update_deployment(dep.id, STORE_STATUS.get(dep.phase, "canary"), reason=dep.reason,
+                                            details=details)
+        except Exception as e:  # the store being away must not take the server down
+            log.warning("could not record deployment %d in the store: %s", dep.id, e)
 
     def get(self, key: int) -> Deployment | None:
         return self._items.get(key)

@@ -32,12 +32,13 @@ RETRY_DEADLINE_S = 120.0
 T = TypeVar("T")
 
 
-def database_url(location: str | Path) -> str:
+def database_url(location: str | Path, *, must_exist: bool = False) -> str:
     """The SQLAlchemy URL of a store location.
 
     `postgresql://...` (or `postgres://`, `postgresql+psycopg://`) selects PostgreSQL through
     psycopg 3; `sqlite:///...` is used as given; anything else is a path: a directory (the run
-    directory) holds `athanor.db`, any other path is the database file itself.
+    directory) holds `athanor.db`, any other path is the database file itself. `must_exist`: a path
+    must name an existing database file (a reader never creates one).
     """
     text = str(location)
     for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
@@ -53,14 +54,20 @@ def database_url(location: str | Path) -> str:
         path = path / DEFAULT_FILENAME
     if not path.parent.is_dir():
         raise ConfigError(f"store {path}: the directory {path.parent} does not exist; create it first")
+    if must_exist and not path.is_file():
+        raise ConfigError(f"store {path}: no such file; give a run directory (it holds {DEFAULT_FILENAME}), a "
+                          "store file or a postgresql:// URL")
     return f"sqlite:///{path.resolve()}"
 
 
-def create_engine(url: str) -> sa.Engine:
-    """An engine for `url` (from `database_url`), configured for concurrent writers."""
+def create_engine(url: str, *, read_only: bool = False) -> sa.Engine:
+    """An engine for `url` (from `database_url`), configured for concurrent writers, or (`read_only`) for a
+    reader the database itself refuses every write."""
     if url.startswith("sqlite"):
+        if read_only:  # SQLite's own read-only mode, through a URI filename
+            url = f"sqlite:///file:{sa.make_url(url).database}?mode=ro&uri=true"
         engine = sa.create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S, "check_same_thread": False})
-        _configure_sqlite(engine)
+        _configure_sqlite(engine, read_only)
         return engine
     try:
         import psycopg  # noqa: F401
@@ -68,16 +75,20 @@ def create_engine(url: str) -> sa.Engine:
         where = sa.make_url(url).render_as_string(hide_password=True)
         raise ConfigError(f"store {where}: a PostgreSQL store needs the postgres extra: "
                           "pip install 'athanor[postgres]'") from None
+    if read_only:  # every transaction of the session read-only: PostgreSQL refuses writes itself
+        return sa.create_engine(url, pool_pre_ping=True,
+                                connect_args={"options": "-c default_transaction_read_only=on"})
     return sa.create_engine(url, pool_pre_ping=True)
 
 
-def _configure_sqlite(engine: sa.Engine) -> None:
+def _configure_sqlite(engine: sa.Engine, read_only: bool = False) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         # Let SQLAlchemy's "begin" event (below) issue BEGIN, not the sqlite3 module.
         dbapi_conn.isolation_level = None
         cursor = dbapi_conn.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
+        if not read_only:  # a reader takes the journal mode the writers set
+            cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
         # WAL + NORMAL is durable across process crashes (only an OS crash may lose the last commit).
         cursor.execute("PRAGMA synchronous=NORMAL")
@@ -86,7 +97,7 @@ def _configure_sqlite(engine: sa.Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: sa.Connection) -> None:
-        write = conn.get_execution_options().get("athanor_write", True)
+        write = not read_only and conn.get_execution_options().get("athanor_write", True)
         conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
 

@@ -59,15 +59,21 @@ def candidate_id_of(source: str) -> str:
 class Store:
     """The experiment database at `location`: a run directory, a SQLite file or a PostgreSQL URL."""
 
-    def __init__(self, location: str | Path) -> None:
+    def __init__(self, location: str | Path, *, read_only: bool = False) -> None:
+        """`read_only`: open an existing store for reading only (SQLite `mode=ro`, PostgreSQL read-only
+        transactions), never creating or migrating it; a write then fails in the database itself."""
         self._location = str(location)
-        url = database_url(location)
+        self.read_only = read_only
+        url = database_url(location, must_exist=read_only)
         self.url = sa.make_url(url).render_as_string(hide_password=True)
         """Where the store lives, with any password hidden (for messages and logs)."""
-        self._engine = create_engine(url)
+        self._engine = create_engine(url, read_only=read_only)
         self._reader = self._engine.execution_options(athanor_write=False)
         try:
-            migrate(self._engine, where=self.url)
+            if read_only:
+                self._check_version()
+            else:
+                migrate(self._engine, where=self.url)
         except exc.OperationalError as e:
             self._engine.dispose()
             raise ConfigError(f"store {self.url}: cannot open ({str(e.orig).strip().splitlines()[0]})") from None
@@ -77,6 +83,18 @@ class Store:
 
     def __reduce__(self) -> tuple[Callable[..., Store], tuple[str]]:
         return (Store, (self._location,))
+
+    def _check_version(self) -> None:
+        """A store opened read-only is read as it is: it must be at the schema this code queries."""
+        with self._reader.connect() as conn:
+            version = current_version(conn)
+        if version != LATEST_VERSION:
+            self._engine.dispose()
+            what = "no athanor store" if version == 0 else f"a store at schema version {version}"
+            fix = ("upgrade athanor" if version > LATEST_VERSION else
+                   "point at a run directory or store URL that a compile or a server wrote" if version == 0 else
+                   "open it once with a writer (athanor compile --resume, athanor serve --store) to migrate it")
+            raise ConfigError(f"store {self.url}: {what}; this athanor reads version {LATEST_VERSION}: {fix}")
 
     def __enter__(self) -> Store:
         return self
@@ -283,11 +301,17 @@ class Store:
         key = self._write("add_deployment", lambda conn: _insert(conn, t.deployments, values))
         return deployment_from_row({**values, "id": key})
 
-    def update_deployment(self, deployment_id: int, status: str, *, reason: str = "") -> Deployment:
-        """Change a deployment's status (live, rolled_back, retired) and say why."""
+    def update_deployment(self, deployment_id: int, status: str, *, reason: str = "",
+                          details: Mapping[str, Any] | None = None) -> Deployment:
+        """Change a deployment's status (canary, live, rolled_back, failed, retired) and say why; `details` are
+        merged into its details (a canary's phases and comparisons as they come)."""
         def work(conn: sa.Connection) -> None:
-            conn.execute(sa.update(t.deployments).where(t.deployments.c.id == deployment_id).values(
-                status=status, reason=reason, updated_at=time.time()))
+            values: dict[str, Any] = dict(status=status, reason=reason, updated_at=time.time())
+            if details:
+                row = conn.execute(sa.select(t.deployments.c.details).where(
+                    t.deployments.c.id == deployment_id)).first()
+                values["details"] = {**(row[0] if row is not None else {}), **plain(dict(details))}
+            conn.execute(sa.update(t.deployments).where(t.deployments.c.id == deployment_id).values(**values))
 
         self._write("update_deployment", work)
         rows = self._read(sa.select(t.deployments).where(t.deployments.c.id == deployment_id))
@@ -310,6 +334,18 @@ class Store:
                       created_at=time.time())
         key = self._write("add_traffic_snapshot", lambda conn: _insert(conn, t.traffic_snapshots, values))
         return snapshot_from_row({**values, "id": key})
+
+    def update_traffic_snapshot(self, snapshot_id: int, drift: Mapping[str, Any]) -> None:
+        """Merge `drift` into a snapshot's drift figures (what the change it showed led to, once known)."""
+        def work(conn: sa.Connection) -> None:
+            row = conn.execute(sa.select(t.traffic_snapshots.c.drift).where(
+                t.traffic_snapshots.c.id == snapshot_id)).first()
+            if row is None:
+                raise ConfigError(f"store {self.url}: no traffic snapshot {snapshot_id}")
+            conn.execute(sa.update(t.traffic_snapshots).where(t.traffic_snapshots.c.id == snapshot_id).values(
+                drift={**row[0], **plain(dict(drift))}))
+
+        self._write("update_traffic_snapshot", work)
 
     def traffic_snapshots(self, *, run_id: str | None = None, limit: int = 50) -> list[TrafficSnapshot]:
         """The newest snapshots first."""
@@ -341,9 +377,10 @@ def _insert(conn: sa.Connection, table: sa.Table, values: Mapping[str, Any]) -> 
     return int(key[0])
 
 
-def open_store(location: str | Path) -> Store:
-    """Open (creating and migrating as needed) the store at `location`; see `database_url`."""
-    return Store(location)
+def open_store(location: str | Path, *, read_only: bool = False) -> Store:
+    """Open (creating and migrating as needed) the store at `location`; see `database_url`. `read_only`: an
+    existing store, for reading only (`Store`)."""
+    return Store(location, read_only=read_only)
 
 
 __all__ = ["LATEST_VERSION", "Store", "candidate_id_of", "open_store"]

@@ -70,7 +70,10 @@ def test_swap_under_load_loses_no_request(server: Server, good_candidate: Path) 
     assert after == dep["candidate_id"] != before
     assert f'athanor_current_candidate{{candidate="{after}"}} 1.0' in httpx.get(f"{server.url}/metrics").text
     with open_store(server.store_path) as store:
-        assert any(d.candidate_id == after and d.status == "live" for d in store.deployments())
+        live = next(d for d in store.deployments() if d.candidate_id == after and d.status == "live")
+    # The canary's phases and comparisons, recorded as they came (the dashboard's deployments page).
+    assert [p["phase"] for p in live.details["phases"]] == ["pending", "building", "shadow", "live", "deployed"]
+    assert live.details["figures"]["shadow_rows"] > 0
 
 
 def test_bad_candidate_is_rolled_back(server: Server, bad_candidate: Path) -> None:
@@ -82,7 +85,9 @@ def test_bad_candidate_is_rolled_back(server: Server, bad_candidate: Path) -> No
     history = httpx.get(f"{server.url}/admin/deployments", headers=server.admin).json()["data"]
     assert [d["phase"] for d in history][-2:] == ["deployed", "rolled_back"]
     with open_store(server.store_path) as store:
-        assert store.deployments()[0].status == "rolled_back"
+        rolled = store.deployments()[0]
+    assert rolled.status == "rolled_back" and "logit mismatch" in rolled.reason
+    assert rolled.details["phases"][-1]["phase"] == "rolled_back"
 
 
 def test_a_deploy_that_cannot_build_fails_visibly_and_the_incumbent_serves(server: Server,

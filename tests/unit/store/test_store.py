@@ -139,3 +139,23 @@ def test_bad_locations_name_the_problem(tmp_path) -> None:  # type: ignore[no-un
         open_store("postgresql+asyncpg://u@h/db")
     with pytest.raises(ConfigError, match="cannot open"):
         open_store("postgresql://nobody@127.0.0.1:1/none")
+
+
+def test_a_read_only_store_reads_live_and_refuses_writes(store_location: str) -> None:
+    from sqlalchemy import exc
+
+    writer = open_store(store_location)
+    run = writer.add_run("m", "preset:chat", "cpu")
+    reader = open_store(store_location, read_only=True)
+    assert [r.id for r in reader.runs()] == [run.id]
+    writer.post(run.id, "llm", "idea", "later")  # written after the reader opened: seen
+    assert [p.text for p in reader.posts(run.id)] == ["later"]
+    with pytest.raises(exc.DBAPIError):  # refused by the database itself
+        reader.add_run("m", "preset:chat", "cpu")
+    with pytest.raises(exc.DBAPIError):
+        reader.update_deployment(writer.add_deployment("c", "t", "canary").id, "live")
+    reader.close()
+    writer.close()
+    if "://" not in store_location:  # a reader never creates a store
+        with pytest.raises(ConfigError, match="no such file"):
+            open_store(f"{store_location}/other.db", read_only=True)
