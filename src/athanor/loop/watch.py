@@ -30,7 +30,9 @@ import numpy as np
 from athanor.errors import ConfigError
 from athanor.loop.config import CompileConfig
 from athanor.loop.session import compile_session
+from athanor.store import open_store
 from athanor.traffic import DriftMonitor, RequestChunk, TrafficProfile, profile_chunks
+from athanor.traffic.drift import DriftReport
 from athanor.traffic.profile import DEFAULT_TPOT_S, parse_window
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,9 @@ class WatchOptions:
     persistence: int = 2
     """Consecutive windows a recompile-worthy change must last (see `DriftMonitor`)."""
     deploy_timeout_s: float = 600.0
+    store: str = ""
+    """An experiment store (path or URL) the watch records each window's profile and drift in, and what a
+    recompile led to (the dashboard's traffic page); empty: none."""
 
 
 @dataclass
@@ -119,6 +124,9 @@ class Watcher:
         reference = TrafficProfile.from_dict(self.state.reference) if self.state.reference else None
         self.monitor = DriftMonitor(reference=reference, persistence=options.persistence,
                                     num_recompiles=self.state.recompiles, streak=self.state.streak)
+        self.store = open_store(options.store) if options.store else None
+        self._snapshot: int | None = None
+        """The store's row for the window being acted on (a recompile's outcome goes into it)."""
 
     def _save(self) -> None:
         s = self.state
@@ -174,6 +182,7 @@ class Watcher:
         s.windows += 1
         profile = _profile(s.rows, f"{self.log_path.name}@{start:.0f}")
         report = self.monitor.observe(profile)
+        self._record(profile, report)
         if report is None:
             yield f"window {s.windows}: {len(s.rows)} requests; the reference traffic"
         elif not report.recompile:
@@ -196,17 +205,34 @@ class Watcher:
                    else f"the served reference forward ({served_id})")
         yield (f"recompile {index}: compiling {self.options.model} for the new traffic ({self.options.budget}) "
                f"against {against} -> {out}")
+        self._outcome({"recompile": {"session": str(out), "against": served_id, "status": "compiling"}})
         winner = compile_winner(self.options.model, traffic, self.budget_s, self.options.device, out,
                                 incumbent=served_dir)
         if winner is None:
             yield f"recompile {index}: nothing was confirmed faster than {against}; the server keeps it"
+            self._outcome({"recompile": {"session": str(out), "against": served_id, "status": "no winner"}})
         else:
             yield f"recompile {index}: winner {winner}; deploying to {self.options.server}"
             dep = deploy(self.options.server, self.options.admin_token, winner, self.options.deploy_timeout_s)
             self.state.deployments.append(dep)
+            self._outcome({"recompile": {"session": str(out), "against": served_id, "status": "deployed",
+                                         "winner": dep.get("candidate_id"), "deployment": dep}})
             yield f"deploy {dep.get('id')}: {dep.get('candidate_id')} {dep.get('phase')} {dep.get('reason', '')}".rstrip()
         self.state.pending = None
         self._save()
+
+    def _record(self, profile: TrafficProfile, report: DriftReport | None) -> None:
+        """The window's profile and its drift against the reference, in the store when there is one."""
+        if self.store is None:
+            return
+        drift = {} if report is None else {**report.to_dict(), "moved": report.moved()}
+        self._snapshot = self.store.add_traffic_snapshot(f"watch:{profile.source}", profile.to_dict(),
+                                                         drift=drift).id
+
+    def _outcome(self, what: dict[str, Any]) -> None:
+        """What the last recorded window led to, added to its row."""
+        if self.store is not None and self._snapshot is not None:
+            self.store.update_traffic_snapshot(self._snapshot, what)
 
 
 def served_candidate(server: str, token: str) -> tuple[str, Path | None]:
