@@ -32,6 +32,8 @@ class CompileConfig:
     device: str = "cpu"
     dtype: str = ""
     out_dir: Path = Path("runs/latest")
+    dashboard: str = ""
+    """The base URL of an `athanor dashboard` over this run's store: report.md links the run's pages there."""
     resume: bool = False
     bitwise: bool = False
     """Demand logits identical to the reference's (excludes `quality`)."""

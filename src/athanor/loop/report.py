@@ -70,6 +70,8 @@ def write_report(session: Session, elapsed_s: float, interrupted: bool) -> dict[
         "environment": environment(cfg.device),
         "precision": cfg.precision,
     }
+    if cfg.dashboard:
+        summary["dashboard"] = f"{cfg.dashboard.rstrip('/')}/runs/{session.run_id}"
     against = "the reference"
     if session.incumbent is not None:
         m = session.incumbent.manifest
@@ -122,6 +124,13 @@ def render_markdown(summary: dict[str, Any]) -> str:
     lines = [f"# athanor compile: {summary['model']} on {summary['device']}", "",
              f"Traffic `{summary['traffic']}`, budget {summary['budget_s']:.0f} s, elapsed "
              f"{summary['elapsed_s']:.0f} s{' (interrupted)' if summary['interrupted'] else ''}.", ""]
+    page = summary.get("dashboard")
+    if page:
+        lines += [f"The run on the dashboard: <{page}>", ""]
+
+    def candidate(cid: str) -> str:
+        return f"[`{cid}`]({page}/candidates/{cid})" if page else f"`{cid}`"
+
     against = "reference"
     if "incumbent" in summary:
         i = summary["incumbent"]
@@ -139,7 +148,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         lines += ["Bitwise mode: every admitted candidate's outputs are identical to the reference's.", ""]
     if summary["verified"]:
         s, w = summary["speedup"], summary["winner"]
-        lines += [f"**Winner `{w['id']}`** ({w['author']}: {w['description']}): **x{s['median']:.3f}** over the "
+        lines += [f"**Winner {candidate(w['id'])}** ({w['author']}: {w['description']}): **x{s['median']:.3f}** over the "
                   f"{against}, 95% CI [{s['ci_low']:.3f}, {s['ci_high']:.3f}], confirmed on the slow tier (whole "
                   "model).", ""]
         if precision.get("winner_kl") is not None or precision.get("winner_ppl_change") is not None:
@@ -166,6 +175,6 @@ def render_markdown(summary: dict[str, Any]) -> str:
               "", "## Leaderboard", "", "| rank | candidate | author | tier | speedup [95% CI] | s / 1k requests |",
               "|---|---|---|---|---|---|"]
     for e in summary["leaderboard"]:
-        lines.append(f"| {e['rank']} | `{e['candidate_id']}` | {e['author']} | {e['tier']} | x{e['speedup']:.3f} "
+        lines.append(f"| {e['rank']} | {candidate(e['candidate_id'])} | {e['author']} | {e['tier']} | x{e['speedup']:.3f} "
                      f"[{e['speedup_ci_low']:.3f}, {e['speedup_ci_high']:.3f}] | {e['gpu_s_per_1k']:.1f} |")
     return "\n".join(lines) + "\n"

@@ -44,7 +44,8 @@ def test_the_whole_loop_on_a_tiny_preset(tmp_path: Path, cost_records: Path, pla
                                    description="the reference forward, planted")
     agent = plant(honest)
     events: list[str] = []
-    config = _config(tmp_path / "run", agents=("planted",), incumbent=tmp_path / "incumbent")
+    config = _config(tmp_path / "run", agents=("planted",), incumbent=tmp_path / "incumbent",
+                     dashboard="http://127.0.0.1:8300/")
     report = compile_session(config, on_event=events.append, clock=lambda: 0.0, max_candidates=1)
     log = "\n".join(events)
     assert f"{config.reserve_s():.0f} s to confirm; ends about" in events[0], log  # the stated reserve
@@ -62,6 +63,8 @@ def test_the_whole_loop_on_a_tiny_preset(tmp_path: Path, cost_records: Path, pla
     assert data["speedup"]["ci_low"] > 1.0
     md = (tmp_path / "run" / "report.md").read_text()
     assert md.startswith("# athanor compile: tiny-dense") and f"incumbent `{slow.id}`" in md
+    page = f"http://127.0.0.1:8300/runs/{report.run_id}"  # the run's pages on the dashboard, linked
+    assert f"<{page}>" in md and f"[`{report.winner_id}`]({page}/candidates/{report.winner_id})" in md
     with open_store(tmp_path / "run") as store:
         run = store.get_run(report.run_id)
         assert run is not None and run.status == "finished"
