@@ -231,10 +231,12 @@ def decode_cell(model_name: str, batch: int, context: int, candidate: str = "ref
 def bench_decode(model_name: str, batches: Sequence[int], contexts: Sequence[int], candidates: str = "reference",
                  use_compile: bool = False, device: str | None = None, dtype: str = "", iters: int = 50,
                  min_time_s: float = 1.0, routing: str | None = None, kernels: bool = False,
-                 windows: int = 0) -> dict[str, Any]:
+                 windows: int = 0, status: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Every cell of candidates x batches x contexts, the model loaded once; one record with a `cells` list.
 
     `candidates`: comma-separated "reference", "best", candidate files, each optionally "+compile".
+    `status`: told what runs (the model's load, then each cell, with how many are done) between cells, never
+    while one is timed.
     """
     if not batches or not contexts or min(*batches, *contexts) < 1:
         raise ConfigError("--batch and --context must be at least 1")
@@ -243,11 +245,16 @@ def bench_decode(model_name: str, batches: Sequence[int], contexts: Sequence[int
     chosen = parse_candidates(candidates, use_compile)
     record: dict[str, Any] = {"benchmark": "decode", "model": model_name, "dtype": dtype, "iters": iters,
                               "routing": routing or "", **provenance(device)}
+    show = status or (lambda text: None)
+    show(f"loading {model_name}")
     model, profile = load_for_decode(model_name, device, dtype, routing, max_batch=max(batches))
     cells: list[dict[str, Any]] = []
+    total = len(chosen) * len(batches) * len(contexts)
     for candidate, compiled in chosen:
         for batch in batches:
             for context in contexts:
+                label = candidate + (COMPILE_SUFFIX if compiled else "")
+                show(f"cell {len(cells) + 1} of {total}: {model_name} {label}, batch {batch}, context {context}")
                 t = time.perf_counter()
                 cell = guarded_cell(
                     functools.partial(decode_cell, model_name, batch, context, candidate, compiled, device, dtype,

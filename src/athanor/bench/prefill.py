@@ -16,12 +16,18 @@ import functools
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from athanor.bench.decode import candidate_source, guarded_cell, load_for_decode, parse_candidates
+from athanor.bench.decode import (
+    COMPILE_SUFFIX,
+    candidate_source,
+    guarded_cell,
+    load_for_decode,
+    parse_candidates,
+)
 from athanor.bench.record import default_device, default_dtype, provenance
 from athanor.errors import ConfigError
 from athanor.evaluate.objective import prefill_flops
@@ -47,8 +53,10 @@ def _prefill_once(forward: Any, tokens: torch.Tensor, chunk: int, dev: torch.dev
 
 
 def prefill_cell(model: Any, model_name: str, lengths: Sequence[int], candidate: str, use_compile: bool,
-                 device: str, dtype: str, chunk: int, repeats: int) -> dict[str, Any]:
-    """One candidate over every prompt length; its JSON-ready record."""
+                 device: str, dtype: str, chunk: int, repeats: int,
+                 on_length: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """One candidate over every prompt length; its JSON-ready record. `on_length(n)` is called before the prompt
+    length `n` is timed (outside the timing)."""
     from athanor.engine import protocol as p
     from athanor.engine.candidate import Candidate
     from athanor.engine.config import EngineConfig
@@ -70,6 +78,8 @@ def prefill_cell(model: Any, model_name: str, lengths: Sequence[int], candidate:
             forward = engine.residents[reply.candidate_id].forward
             gen = torch.Generator().manual_seed(0)
             for n in lengths:
+                if on_length is not None:
+                    on_length(n)
                 tokens = torch.randint(0, spec.vocab_size, (n,), generator=gen).to(dev)
                 _prefill_once(forward, tokens, chunk, dev)  # warm-up: kernels compiled and tuned for these shapes
                 times = [_prefill_once(forward, tokens, chunk, dev) for _ in range(repeats)]
@@ -84,8 +94,10 @@ def prefill_cell(model: Any, model_name: str, lengths: Sequence[int], candidate:
 
 
 def bench_prefill(model_name: str, lengths: Sequence[int], candidates: str = "best", device: str | None = None,
-                  dtype: str = "", chunk: int = 8192, repeats: int = 3) -> dict[str, Any]:
-    """Every candidate x prompt length, the model loaded once; one record with a `cells` list."""
+                  dtype: str = "", chunk: int = 8192, repeats: int = 3,
+                  status: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Every candidate x prompt length, the model loaded once; one record with a `cells` list. `status` is told
+    what runs (the model's load, then each candidate and prompt length, with how many are done) between timings."""
     if not lengths or min(lengths) < 1 or chunk < 1 or repeats < 1:
         raise ConfigError("--tokens, --chunk and --repeats must be at least 1")
     device = default_device(device)
@@ -93,12 +105,22 @@ def bench_prefill(model_name: str, lengths: Sequence[int], candidates: str = "be
     chosen = parse_candidates(candidates)
     record: dict[str, Any] = {"benchmark": "prefill", "model": model_name, "dtype": dtype, "chunk": chunk,
                               "repeats": repeats, **provenance(device)}
+    show = status or (lambda text: None)
+    show(f"loading {model_name}")
     model, _ = load_for_decode(model_name, device, dtype)
-    cells = []
+    cells: list[dict[str, Any]] = []
+    total, begun = len(chosen) * len(lengths), 0
     for candidate, compiled in chosen:
+        label = candidate + (COMPILE_SUFFIX if compiled else "")
+
+        def on_length(n: int, label: str = label) -> None:
+            nonlocal begun
+            begun += 1
+            show(f"prompt {begun} of {total}: {model_name} {label}, {n} tokens")
+
         cells.append(guarded_cell(
             functools.partial(prefill_cell, model, model_name, lengths, candidate, compiled, device, dtype, chunk,
-                              repeats),
+                              repeats, on_length),
             {"candidate": candidate, "compile": compiled}, device))
     record["cells"] = cells
     return record

@@ -11,15 +11,15 @@ first), ITL (gaps between streamed chunks) and end-to-end latency at p50/p90/p99
 goodput (requests per second that met both the TTFT and the TPOT SLO, DistServe's definition), and the prompt
 tokens the server computed against those it was sent (its prefix reuse, from its /metrics).
 
-Progress is logged every 10 seconds; an interrupted replay (Ctrl-C) still writes its record, of the requests
-that finished, marked `interrupted`.
+Progress goes to a status hook (`bench_serve(status=...)`, e.g. the command's status line) every STATUS_S seconds;
+an interrupted replay (Ctrl-C) still writes its record, of the requests that finished, marked `interrupted`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -32,10 +32,9 @@ from athanor.traffic.formats import MOONCAKE_BLOCK_TOKENS as BLOCK_TOKENS
 from athanor.traffic.parsers import read_columns
 from athanor.traffic.sketch import ReferencePrefixLRU
 
-log = logging.getLogger(__name__)
-
-PROGRESS_S = 10.0
-"""Seconds between progress lines."""
+STATUS_S = 1.0
+"""Seconds between status updates: a live line moves each second; summing the samples so often costs the replay
+nothing (how often a plain status line is printed is the status line's own choice)."""
 
 
 @dataclass(frozen=True)
@@ -199,13 +198,18 @@ def _steps(before: dict[str, float], after: dict[str, float], duration: float) -
     return {"by_kind": kinds, "busy_share": busy / duration if duration else None}
 
 
-async def _progress(samples: list[Sample], start: float) -> None:
+def status_line(samples: list[Sample], total: int, elapsed_s: float) -> str:
+    """Where a replay stands: requests done of `total`, failed, output tokens per second so far, seconds elapsed."""
+    done = [s for s in samples if s.ok or s.error]
+    out = sum(s.output_tokens for s in done if s.ok)
+    return (f"{len(done)} of {total} requests done, {sum(1 for s in done if s.error)} failed, "
+            f"{out / elapsed_s if elapsed_s > 0 else 0.0:.1f} output tokens/s so far, {elapsed_s:.0f} s")
+
+
+async def _progress(samples: list[Sample], total: int, start: float, status: Callable[[str], None]) -> None:
     while True:
-        await asyncio.sleep(PROGRESS_S)
-        done = [s for s in samples if s.ok or s.error]
-        out = sum(s.output_tokens for s in done if s.ok)
-        log.info("bench serve: %d of %d requests done, %d failed, %.1f output tokens/s so far", len(done),
-                 len(samples), sum(1 for s in done if s.error), out / (time.perf_counter() - start))
+        status(status_line(samples, total, time.perf_counter() - start))
+        await asyncio.sleep(STATUS_S)
 
 
 def _requests(options: BenchOptions) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[list[int]]]:
@@ -220,8 +224,10 @@ def _requests(options: BenchOptions) -> tuple[np.ndarray, np.ndarray, np.ndarray
             trace.hash_ids or [])
 
 
-async def _replay(options: BenchOptions, samples: list[Sample], blocks: list[list[int]]) -> tuple[float, str]:
-    """Replay the trace into `samples`; `blocks` gets each request's prefix block hashes (none: [])."""
+async def _replay(options: BenchOptions, samples: list[Sample], blocks: list[list[int]],
+                  status: Callable[[str], None]) -> tuple[float, str]:
+    """Replay the trace into `samples`; `blocks` gets each request's prefix block hashes (none: []); `status` is
+    told how far it is (`status_line`) every STATUS_S seconds."""
     from openai import AsyncOpenAI
 
     async with httpx.AsyncClient(base_url=options.url, timeout=30) as http:
@@ -262,7 +268,7 @@ async def _replay(options: BenchOptions, samples: list[Sample], blocks: list[lis
                 prompt = (prefix + pool[offset:offset + rest])[:n_in]
             await _one(client, model, prompt, n_out, sample)
 
-    progress = asyncio.create_task(_progress(samples, start))
+    progress = asyncio.create_task(_progress(samples, n, start, status))
     try:
         await asyncio.gather(*(launch(i) for i in range(n)))
     finally:
@@ -270,8 +276,9 @@ async def _replay(options: BenchOptions, samples: list[Sample], blocks: list[lis
     return time.perf_counter() - start, model
 
 
-def bench_serve(options: BenchOptions) -> dict[str, Any]:
-    """Replay and summarise; the JSON record (with per-request samples)."""
+def bench_serve(options: BenchOptions, status: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Replay and summarise; the JSON record (with per-request samples). `status` is told how far the replay is
+    (`status_line`) every STATUS_S seconds (None: nobody)."""
     if options.speedup <= 0 or options.max_requests < 1 or options.request_rate < 0:
         raise ConfigError("--speedup must be > 0, --max-requests >= 1 and --request-rate >= 0")
     if bool(options.trace) == bool(options.random_input_len):
@@ -286,7 +293,7 @@ def bench_serve(options: BenchOptions) -> dict[str, Any]:
     start = time.perf_counter()
     interrupted = False
     try:
-        duration, model = asyncio.run(_replay(options, samples, blocks))
+        duration, model = asyncio.run(_replay(options, samples, blocks, status or (lambda text: None)))
     except KeyboardInterrupt:  # the record of what finished is still worth writing
         interrupted, duration, model = True, time.perf_counter() - start, options.model
         blocks = [b for s, b in zip(samples, blocks) if s.ok or s.error]

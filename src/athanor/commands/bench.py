@@ -163,11 +163,17 @@ def _done(record: dict[str, Any], args: argparse.Namespace, lines: list[str]) ->
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
-    from athanor.bench.decode import bench_decode, cell_line
+    from rich.console import Console
 
-    record = bench_decode(args.model, _ints(args.batch, "--batch"), _ints(args.context, "--context"),
-                          candidates=args.candidate, use_compile=args.compile, device=args.device, dtype=args.dtype,
-                          iters=args.iters, routing=args.routing or None, kernels=args.kernels, windows=args.windows)
+    from athanor.bench.decode import bench_decode, cell_line
+    from athanor.progress import Progress
+
+    # On stderr, so stdout keeps the summary alone; redrawn only between cells, so nothing runs beside a timing.
+    with Progress(Console(stderr=True, highlight=False), auto_refresh=False) as progress:
+        record = bench_decode(args.model, _ints(args.batch, "--batch"), _ints(args.context, "--context"),
+                              candidates=args.candidate, use_compile=args.compile, device=args.device,
+                              dtype=args.dtype, iters=args.iters, routing=args.routing or None, kernels=args.kernels,
+                              windows=args.windows, status=progress.set)
     cells = record["cells"]
     _done(record, args, [cell_line(c) for c in cells])
     failed = any(c["status"] == "error" for c in cells) or not any(c["status"] == "ok" for c in cells)
@@ -175,10 +181,16 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
 
 def cmd_prefill(args: argparse.Namespace) -> int:
-    from athanor.bench.prefill import bench_prefill, prefill_lines
+    from rich.console import Console
 
-    record = bench_prefill(args.model, _ints(args.tokens, "--tokens"), candidates=args.candidate, device=args.device,
-                           dtype=args.dtype, chunk=args.chunk, repeats=args.repeats)
+    from athanor.bench.prefill import bench_prefill, prefill_lines
+    from athanor.progress import Progress
+
+    # On stderr, so stdout keeps the summary alone; redrawn only between timings, so nothing runs beside one.
+    with Progress(Console(stderr=True, highlight=False), auto_refresh=False) as progress:
+        record = bench_prefill(args.model, _ints(args.tokens, "--tokens"), candidates=args.candidate,
+                               device=args.device, dtype=args.dtype, chunk=args.chunk, repeats=args.repeats,
+                               status=progress.set)
     _done(record, args, prefill_lines(record))
     return 0 if all(c["status"] == "ok" for c in record["cells"]) else 1
 

@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import argparse
 import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from athanor.errors import ConfigError
+
+if TYPE_CHECKING:
+    from athanor.loop.session import SessionStatus
 
 _UNITS = {"s": 1, "m": 60, "h": 3600}
 
@@ -136,6 +142,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from athanor.commands.evaluate import parse_budget
     from athanor.loop import CompileConfig, compile_session
     from athanor.model.device import resolve_device
+    from athanor.progress import Progress
 
     settle_run_flags(args)
     console = Console(highlight=False)
@@ -154,26 +161,67 @@ def cmd_compile(args: argparse.Namespace) -> int:
         agents_config=AgentsConfig(llm=dataclasses.replace(LLMConfig(), **llm),
                                    cli=dataclasses.replace(CLIAgentConfig(), **cli)),
     )
-    report = compile_session(config, on_event=lambda line: console.print(line, markup=False, soft_wrap=True))
+    with Progress(console) as progress:
+        report = compile_session(config, on_event=progress.print,
+                                 status=lambda status: progress.set(_moving(status)))
     _print_summary(console, report.summary)
     if report.interrupted:
         return 130
     return 0 if report.verified else 1
 
 
+def _moving(status: SessionStatus) -> Callable[[], str]:
+    """The session's status line, its budget's clock moving on between the session's updates (the session's
+    clock is `time.monotonic`, compile_session's default)."""
+    taken = time.monotonic()
+    return lambda: status.text(since_s=time.monotonic() - taken)
+
+
+@dataclass
+class _WatchTally:
+    """What a watch's event lines say so far: windows seen and recompiles (those of earlier runs of the watch, from
+    its first line, included), and the last line with the time it came."""
+
+    windows: int = 0
+    recompiles: int = 0
+    last: str = ""
+    last_at: str = ""
+
+    def see(self, line: str) -> None:
+        self.last, self.last_at = line, time.strftime("%H:%M:%S")
+        if m := re.search(r"(\d+) windows and (\d+) recompiles so far", line):
+            self.windows, self.recompiles = int(m.group(1)), int(m.group(2))
+        elif m := re.match(r"window (\d+):", line):
+            self.windows = max(self.windows, int(m.group(1)))
+        elif re.match(r"recompile \d+: compiling", line):
+            self.recompiles += 1
+
+    def text(self) -> str:
+        """The status line. It names the time of the last event, not the seconds since: a watch follows its log for
+        days, and a status that changes only with its events adds one plain line per event, not one per interval."""
+        return f"windows {self.windows}, recompiles {self.recompiles} | at {self.last_at}: {self.last}"
+
+
 def cmd_watch(args: argparse.Namespace) -> int:
     import logging
 
+    from rich.console import Console
+
     from athanor.commands.serve import read_admin_token
     from athanor.loop.watch import WatchOptions, watch
+    from athanor.progress import Progress
 
     logging.getLogger("athanor").setLevel(logging.INFO)
     options = WatchOptions(model=args.model, log=args.log, server=args.server,
                            admin_token=read_admin_token(args.admin_token_file), budget=args.budget,
                            window=args.window, state=args.state, workdir=args.workdir, device=args.device,
                            follow=not args.once)
-    for line in watch(options):
-        print(line, flush=True)
+    tally = _WatchTally()
+    with Progress(Console(highlight=False)) as progress:
+        for line in watch(options):
+            progress.print(line)
+            tally.see(line)
+            progress.set(tally.text())
     return 0
 
 

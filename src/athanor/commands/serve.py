@@ -192,16 +192,22 @@ def results_table(s: dict[str, Any]) -> str:
 
 
 def cmd_bench_serve(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
     from athanor.bench.record import write_record, written
     from athanor.bench.serve import BenchOptions, bench_serve
+    from athanor.progress import Progress
 
-    logging.getLogger("athanor.bench").setLevel(logging.INFO)  # the progress lines
-    record = bench_serve(BenchOptions(
+    options = BenchOptions(
         url=args.url, trace=args.trace, speedup=args.speedup, max_requests=args.max_requests, model=args.model,
         max_input=args.max_input, max_output=args.max_output, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot,
         concurrency=args.concurrency, request_rate=args.request_rate, seed=args.seed,
         random_input_len=args.random_input_len, random_output_len=args.random_output_len,
-        random_prefix_len=args.random_prefix_len))
+        random_prefix_len=args.random_prefix_len)
+    # On stderr, so stdout keeps the results alone; redrawn at the replay's own updates, from its thread, so no
+    # thread of the status line's competes with the replay's clock readings.
+    with Progress(Console(stderr=True, highlight=False), auto_refresh=False) as progress:
+        record = bench_serve(options, status=progress.set)
     out = write_record(record, args.json)
     s = record["summary"]
     print(results_table(s))

@@ -32,7 +32,7 @@ from athanor.agents.variant import VariantConfig, VariantSearch
 from athanor.engine.candidate import Candidate, baseline_candidate
 from athanor.engine.candidate_dir import load_candidate_dir
 from athanor.errors import ConfigError
-from athanor.evaluate import Evaluator, QualityBudget, Verdict
+from athanor.evaluate import Evaluator, QualityBudget, Speedup, Verdict
 from athanor.evaluate.timing import worth_confirming
 from athanor.loop.config import CompileConfig
 from athanor.loop.report import write_report
@@ -44,6 +44,47 @@ log = logging.getLogger(__name__)
 Events = Callable[[str], None]
 Clock = Callable[[], float]
 """Seconds on a monotonic scale (`time.monotonic`): what the session measures its budget on."""
+
+
+@dataclass(frozen=True)
+class SessionStatus:
+    """Where a running session stands, for a status line: `Session` hands one to its `status` hook whenever what
+    it does changes (an agent asked to propose, a screen or a confirmation begun, the engines stopped, the report
+    written)."""
+
+    budget_s: float
+    used_s: float
+    """Seconds of the budget used when this was taken, on the session's clock."""
+    screened: int
+    """Proposals screened on the fast tier so far in this session."""
+    confirmed: int
+    """Candidates judged on the slow tier (the whole model) so far in this run."""
+    doing: str
+    """What runs now, e.g. "screening 3fa2b1c0d4e5f607 by variant"."""
+    best_id: str = ""
+    """The candidate with the highest speedup timed so far ("" before any), by its latest tier's figure."""
+    best_tier: str = ""
+    """The tier that figure is from: "fast" (projected from a few layers) or "slow" (the whole model)."""
+    best: Speedup = field(default_factory=Speedup)
+    """That figure: the median speedup over the baseline and its 95% interval."""
+
+    def text(self, since_s: float = 0.0) -> str:
+        """The status as one line, `since_s` seconds after it was taken (a live line moves the budget's clock on
+        between updates)."""
+        used = self.used_s + since_s
+        # Short enough for a terminal's line: what runs now comes last and names the candidate.
+        best = (f"best x{self.best.median:.3f} [{self.best.ci_low:.3f}, {self.best.ci_high:.3f}] {self.best_tier}"
+                if self.best_id else "best -")
+        return (f"budget {used:.0f} s used, {max(0.0, self.budget_s - used):.0f} s left | screened {self.screened}, "
+                f"confirmed {self.confirmed} | {best} | {self.doing}")
+
+
+StatusHook = Callable[[SessionStatus], None]
+"""What a session tells where it stands (`Session(status=...)`, `compile_session(status=...)`)."""
+
+
+def _no_status(status: SessionStatus) -> None:
+    """The status hook of a session nobody watches."""
 
 
 @dataclass(frozen=True)
@@ -67,20 +108,24 @@ def _variant_factory(config: CompileConfig) -> Callable[..., Agent]:
 
 class Session:
     def __init__(self, config: CompileConfig, on_event: Events, *, clock: Clock = time.monotonic,
-                 max_candidates: int | None = None) -> None:
+                 max_candidates: int | None = None, status: StatusHook = _no_status) -> None:
         if max_candidates is not None and max_candidates < 1:
             raise ValueError(f"max_candidates must be at least 1 (or None), not {max_candidates}")
         self.config = config
         self.emit = on_event
+        self.status = status
+        """Told where the session stands (`SessionStatus`) whenever what it does changes: a status line's feed."""
         self.clock = clock
         """The budget's clock: the search stops, and confirmations past the first are skipped, by its reading
         (what a run and a confirmation cost, the report's and the reserve's figures, is wall time all the same)."""
         self.max_candidates = max_candidates
         """Proposals screened in this session after which the search stops (None: the budget alone stops it)."""
         self.screened = 0
+        """Proposals screened so far in this session (the reference as a contender is nobody's proposal)."""
         self.reserve = 0.0
         """Seconds of the budget kept for the first confirmation (set as the run starts)."""
-        """Proposals screened so far in this session (the reference as a contender is nobody's proposal)."""
+        self._budget_start = clock()
+        """Where the budget starts on `clock` (reset as the run starts)."""
         # Every input is checked before anything is written, so a bad flag leaves no half-made run.
         self.profile: TrafficProfile = load_profile(config.traffic)
         from athanor.model.registry import load_spec
@@ -169,7 +214,8 @@ class Session:
     def run(self) -> CompileReport:
         cfg = self.config
         started = time.monotonic()
-        deadline = self.clock() + cfg.budget_s
+        self._budget_start = self.clock()
+        deadline = self._budget_start + cfg.budget_s
         interrupted = False
         fast = Evaluator(cfg.evaluate_config("fast"))
         slow = Evaluator(cfg.evaluate_config("slow"))
@@ -193,8 +239,10 @@ class Session:
             interrupted = True
             self.emit("interrupted: every result so far is in the store; --resume continues the run")
         finally:
+            self._show("stopping the engines")
             fast.close()
             slow.close()
+        self._show("writing the report")
         summary = write_report(self, time.monotonic() - started, interrupted)
         status = "interrupted" if interrupted else "finished"
         self.store.finish_run(self.run_id, status=status, summary=summary)
@@ -211,6 +259,7 @@ class Session:
         active = {a.name: a for a in self.agents}
         while not self._search_over(deadline) and active:
             agent = active[self.budget.choose(list(active))]
+            self._show(f"agent {agent.name} proposing")
             try:
                 proposals = agent.propose(self._context())
             except AgentError as e:
@@ -256,6 +305,7 @@ class Session:
 
     def _screen(self, fast: Evaluator, cand: Candidate) -> None:
         """Time one candidate on the fast tier against the baseline; record it and tell the agents."""
+        self._show(f"screening {cand.id} by {cand.manifest.author or 'nobody'}")
         verdict = fast.evaluate(cand, self.baseline)
         self.fast_verdicts[cand.id] = verdict
         record = self.store.record_verdict(self.run_id, verdict.to_dict(), tier="fast")
@@ -279,6 +329,7 @@ class Session:
             if self.slow_verdicts and self.clock() + last > deadline:
                 break
             cand = self.sources[verdict.candidate_id]
+            self._show(f"confirming {cand.id} on the whole model")
             started, on_clock = time.monotonic(), self.clock()
             slow_verdict = slow.evaluate(cand, self.baseline)
             # The first one started the slow tier's engines: with its timing done, it is what a reserve must hold.
@@ -303,6 +354,18 @@ class Session:
             posts=self.board.recent(20), model_summary=_model_summary(self.spec, self.config),
             traffic_summary=self.profile.summary(),
         )
+
+    def _show(self, doing: str) -> None:
+        """Tell the status hook where the session stands, now that it does `doing`."""
+        # A candidate's latest figure: the slow tier's (the whole model) where it was confirmed, else the fast's.
+        latest = {**{i: ("fast", v) for i, v in self.fast_verdicts.items()},
+                  **{i: ("slow", v) for i, v in self.slow_verdicts.items()}}
+        timed = [(tier, v) for tier, v in latest.values() if v.status != "error" and not math.isnan(v.speedup.median)]
+        best = max(timed, key=lambda tv: tv[1].speedup.median, default=None)
+        self.status(SessionStatus(
+            budget_s=self.config.budget_s, used_s=self.clock() - self._budget_start, screened=self.screened,
+            confirmed=len(self.slow_verdicts), doing=doing, best_id=best[1].candidate_id if best else "",
+            best_tier=best[0] if best else "", best=best[1].speedup if best else Speedup()))
 
     # -- results ------------------------------------------------------------------------------
     def winner_id(self) -> str | None:
@@ -350,13 +413,14 @@ def _model_summary(spec: Any, config: CompileConfig) -> str:
 
 
 def compile_session(config: CompileConfig, on_event: Events = log.info, *, clock: Clock = time.monotonic,
-                    max_candidates: int | None = None) -> CompileReport:
+                    max_candidates: int | None = None, status: StatusHook = _no_status) -> CompileReport:
     """Run one compile session (see the module docstring) and write its report and winner.
 
     `clock` is what the budget is measured on; `max_candidates` stops the search after that many proposals are
-    screened (None: the budget, or agents with nothing left to propose, stop it)."""
+    screened (None: the budget, or agents with nothing left to propose, stop it); `status` is told where the
+    session stands as it goes (`SessionStatus`), e.g. for a live status line."""
     check_budget(config)
-    return Session(config, on_event, clock=clock, max_candidates=max_candidates).run()
+    return Session(config, on_event, clock=clock, max_candidates=max_candidates, status=status).run()
 
 
 def check_budget(config: CompileConfig) -> None:
