@@ -21,6 +21,7 @@ import pytest
 
 from athanor.engine.candidate import Candidate
 from athanor.serve.launch import ServerProcess
+from athanor.store import open_store
 from athanor.traffic import read_columns
 
 # Two watch processes, a server and a 40 s recompile (a few minutes on 2 cores), its verdict on measured speed.
@@ -40,7 +41,8 @@ def _records(path: Path, base: float) -> list[str]:
 def _watch(log: Path, server: str, token_file: Path, state: Path) -> list[str]:
     done = subprocess.run([sys.executable, "-m", "athanor", "watch", "--model", MODEL, "--log", str(log), "--server",
                            server, "--admin-token-file", str(token_file), "--window", "10m", "--budget", "40s",
-                           "--state", str(state), "--once"], capture_output=True, text=True, timeout=900)
+                           "--state", str(state), "--once", "--store", str(state.with_name("store.db"))],
+                          capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.splitlines()
 
@@ -81,3 +83,12 @@ def test_watch_recompiles_once_and_deploys_once(tmp_path: Path, shared_traces: P
         current = httpx.get(f"{server.url}/admin/current", headers=auth).json()
         assert current["candidate_id"] == report["winner_id"][:16]
         assert current["candidate_dir"] == str((session / "winner").resolve())
+    # The store the watch wrote (the dashboard's traffic page): a snapshot per window, the drift's, and what it led to.
+    with open_store(tmp_path / "store.db") as store:
+        snapshots = store.traffic_snapshots(limit=1000)[::-1]
+    windows = sum(line.startswith("window ") for line in lines)
+    assert len(snapshots) == windows and all(s.source.startswith("watch:") for s in snapshots)
+    recompiled = [s for s in snapshots if s.drift.get("recompile")]
+    assert len(recompiled) == 1 and recompiled[0].drift["moved"], [s.drift for s in snapshots]
+    assert recompiled[0].drift["recompile"]["status"] == "deployed"
+    assert recompiled[0].drift["recompile"]["winner"] == report["winner_id"][:16]

@@ -53,6 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=None, help="default: 0")
     p.add_argument("--max-seqs", type=int, default=0, help="engine slots (0: device default)")
     p.add_argument("--max-seq-len", type=int, default=0, help="longest context held (0: device default)")
+    p.add_argument("--dashboard", default="", metavar="URL", help="the base URL of an `athanor dashboard --store "
+                   "OUT` that shows this run: report.md links its pages")
     g = p.add_argument_group("LLM coder (--agents llm)")
     g.add_argument("--llm-base-url", default=None)
     g.add_argument("--llm-model", default=None)
@@ -74,6 +76,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--workdir", default="", help="where compile sessions and winners go (default: beside the state)")
     w.add_argument("--device", default="cpu")
     w.add_argument("--once", action="store_true", help="stop at the end of the log instead of following it")
+    w.add_argument("--store", default="", help="an experiment store (path or URL) to record each window's traffic, "
+                                               "drift and recompile in (what the dashboard's traffic page shows)")
     w.set_defaults(func=cmd_watch)
 
 
@@ -156,7 +160,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         model=args.model, traffic=args.traffic, budget_s=parse_duration(args.budget),
         agents=tuple(parse_agent_names(args.agents)), device=device.type, dtype=args.dtype, out_dir=Path(args.out),
         resume=args.resume, bitwise=args.bitwise, seed=args.seed, max_seqs=args.max_seqs,
-        max_seq_len=args.max_seq_len, incumbent=Path(args.incumbent) if args.incumbent is not None else None,
+        max_seq_len=args.max_seq_len, dashboard=args.dashboard,
+        incumbent=Path(args.incumbent) if args.incumbent is not None else None,
         quality=parse_budget(args.quality_budget),
         agents_config=AgentsConfig(llm=dataclasses.replace(LLMConfig(), **llm),
                                    cli=dataclasses.replace(CLIAgentConfig(), **cli)),
@@ -215,7 +220,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     options = WatchOptions(model=args.model, log=args.log, server=args.server,
                            admin_token=read_admin_token(args.admin_token_file), budget=args.budget,
                            window=args.window, state=args.state, workdir=args.workdir, device=args.device,
-                           follow=not args.once)
+                           follow=not args.once, store=args.store)
     tally = _WatchTally()
     with Progress(Console(highlight=False)) as progress:
         for line in watch(options):
