@@ -7,12 +7,17 @@ import re
 from pathlib import Path
 
 import pytest
+from dashboard_store import PLANTED, fill_store
 from fastapi.testclient import TestClient
 
 from athanor.dashboard.app import CSP, DashboardOptions, create_app, write_pngs
 from athanor.dashboard.views import open_reader
 from athanor.store import open_store
-from conftest import PLANTED
+
+
+@pytest.fixture(scope="module")
+def filled_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fill_store(tmp_path_factory.mktemp("dashboard"))
 
 
 @pytest.fixture(scope="module")

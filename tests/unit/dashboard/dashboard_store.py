@@ -1,11 +1,11 @@
 """A real SQLite store written through the store's API as a compile and a server would (no compile run: the
-browser test in tests/slow has one), with hostile text planted where agents and candidates write."""
+browser test in tests/slow has one), with hostile text planted where agents and candidates write.
+
+(Imported by name, not a conftest: test modules elsewhere import their own conftest's names.)"""
 
 from __future__ import annotations
 
 from pathlib import Path
-
-import pytest
 
 from athanor.evaluate.verdict import Measurement, Speedup, TierResult, Verdict
 from athanor.moves.render import render
@@ -24,9 +24,8 @@ def verdict(cid: str, incumbent: str, accepted: bool, stage: str, reason: str, m
     return Verdict(cid, incumbent, accepted, stage, reason, status, speed, 1.5, 1.8, tiers, wall_s=12.5).to_dict()
 
 
-@pytest.fixture(scope="module")
-def filled_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("dashboard")
+def fill_store(root: Path) -> Path:
+    """The store at `root`, written; `root`."""
     store: Store = open_store(root)
     run = store.add_run("smollm2-135m", "preset:chat", "cpu", config={"budget_s": 480.0})
     profile = load_profile("preset:chat")
