@@ -57,20 +57,12 @@ _ROPE_TYPES = (None, "default", "llama3", "linear", "yarn")
 
 def refuse_unimplemented(cfg: dict[str, Any], family: str, path: Path) -> None:
     """A one-line ModelLoadError naming the config key, for what would load but compute other logits than HF's: a
-    RoPE scaling other than Llama 3's, a sliding attention window shorter than the model's context, MoE layers
-    interleaved with dense ones."""
+    RoPE scaling the reference does not implement, MoE layers interleaved with dense ones."""
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     kind = rope.get("rope_type", rope.get("type"))
     if kind not in _ROPE_TYPES:
         raise ModelLoadError(f"{path}: rope_scaling of type {kind!r} is not implemented (llama3, linear and yarn "
                              "are), and the logits would be wrong at every position; this model cannot be loaded yet")
-    uses_window = cfg.get("use_sliding_window", False) if family.startswith("qwen") else True
-    window = cfg.get("sliding_window") if uses_window else None
-    context = int(cfg.get("max_position_embeddings", 4096))
-    if window is not None and int(window) < context:
-        raise ModelLoadError(f"{path}: sliding_window {window}: sliding-window attention is not implemented, and the "
-                             f"logits would be wrong past {window} tokens of a {context}-token context; this model "
-                             "cannot be loaded yet")
     if int(cfg.get("decoder_sparse_step") or 1) != 1 or cfg.get("mlp_only_layers"):
         raise ModelLoadError(f"{path}: decoder_sparse_step {cfg.get('decoder_sparse_step')} / mlp_only_layers "
                              f"{cfg.get('mlp_only_layers')}: MoE layers interleaved with dense ones are not "
@@ -104,6 +96,33 @@ def rope_scaling(rope: dict[str, Any], cfg: dict[str, Any], path: Path) -> RopeS
 def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     """YaRN's attention temperature for a context `factor` times longer: 0.1 mscale ln(factor) + 1."""
     return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
+_LAYER_TYPES = {"full_attention": False, "sliding_attention": True}
+
+
+def layer_windows(cfg: dict[str, Any], family: str, num_layers: int, path: Path) -> tuple[int, ...]:
+    """Each layer's attention window as transformers computes it from a config (0: every key): `layer_types` where
+    given; else Qwen's `use_sliding_window` for the layers from `max_window_layers` on; else (Mistral, Mixtral)
+    `sliding_window` on every layer. A window that covers the whole context is none."""
+    window = cfg.get("sliding_window")
+    if family.startswith("qwen") and not cfg.get("use_sliding_window", False):
+        window = None
+    if not window:
+        return ()
+    types = cfg.get("layer_types")
+    if types is not None:
+        if len(types) != num_layers or any(t not in _LAYER_TYPES for t in types):
+            raise ModelLoadError(f"{path}: layer_types must list {num_layers} of {', '.join(_LAYER_TYPES)}")
+        sliding = [_LAYER_TYPES[t] for t in types]
+    elif family.startswith("qwen"):
+        first = int(cfg.get("max_window_layers", num_layers))
+        sliding = [i >= first for i in range(num_layers)]
+    else:
+        sliding = [True] * num_layers
+    if int(window) >= int(cfg.get("max_position_embeddings", 4096)) or not any(sliding):
+        return ()
+    return tuple(int(window) if s else 0 for s in sliding)
 
 
 def spec_from_config(cfg: dict[str, Any], path: Path) -> ModelSpec:
@@ -144,7 +163,7 @@ def spec_from_config(cfg: dict[str, Any], path: Path) -> ModelSpec:
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qk_norm=bool(cfg.get("use_qk_norm", family in ("qwen3", "qwen3_moe"))),
         attn_bias=bool(cfg.get("attention_bias", family in ("qwen2", "qwen2_moe"))),
-        moe=moe, family=family,
+        moe=moe, family=family, layer_windows=layer_windows(cfg, family, int(need("num_hidden_layers")), path),
     )
 
 

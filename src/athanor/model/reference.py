@@ -193,7 +193,7 @@ class ReferenceForward:
             self.k_cache[i][pages, :, rows] = k
             self.v_cache[i][pages, :, rows] = v
             out = prefill_attention(q, self.k_cache[i], self.v_cache[i], batch.cu_seqlens, batch.slots,
-                                    self.block_table, batch.seq_lens, extent)
+                                    self.block_table, batch.seq_lens, extent, spec.window(i))
             x = x + F.linear(out.flatten(1), m.layer(i, "wo"))
             x = x + self._mlp(i, rms_norm(x, m.layer(i, "mlp_norm"), eps))
         last = batch.cu_seqlens[1:] - 1
@@ -207,7 +207,8 @@ class ReferenceForward:
         # shape must be static, so attend over every page a slot may hold, with a mask.
         kv_len = self.ctx.max_seq_len if is_capturing(positions) else int(positions.max()) + 1
         table = slot_pages(self.block_table, slots, kv_len, self.ctx.page_size)  # [B, pages]
-        mask = torch.arange(table.shape[1] * self.ctx.page_size, device=positions.device)[None, :] <= positions[:, None]
+        key_pos = torch.arange(table.shape[1] * self.ctx.page_size, device=positions.device)[None, :]
+        masks = {w: window_mask(key_pos, positions[:, None], w) for w in {spec.window(i) for i in range(spec.num_layers)}}
         pages, rows = token_pages(self.block_table, slots, positions, self.ctx.page_size)
         x = F.embedding(batch.tokens, m.get("embed"))  # [B, H]
         for i in range(spec.num_layers):
@@ -215,9 +216,16 @@ class ReferenceForward:
             self.k_cache[i][pages, :, rows] = k
             self.v_cache[i][pages, :, rows] = v
             keys, values = gather_pages(self.k_cache[i], table), gather_pages(self.v_cache[i], table)
-            x = x + F.linear(decode_attention(q, keys, values, mask), m.layer(i, "wo"))
+            x = x + F.linear(decode_attention(q, keys, values, masks[spec.window(i)]), m.layer(i, "wo"))
             x = x + self._mlp(i, rms_norm(x, m.layer(i, "mlp_norm"), eps))
         return self._logits(x)
+
+
+def window_mask(key_pos: Tensor, query_pos: Tensor, window: int) -> Tensor:
+    """Which keys each query sees (broadcast over the positions given): the causal ones, and with a `window` (> 0)
+    only the last `window` of them, the query's own included."""
+    mask = key_pos <= query_pos
+    return mask & (key_pos > query_pos - window) if window else mask
 
 
 def decode_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
@@ -282,15 +290,16 @@ def prefill_extent(cu_seqlens: Tensor, starts: Tensor) -> PrefillExtent:
 
 
 def prefill_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens: Tensor, slots: Tensor,
-                      block_table: Tensor, starts: Tensor, extent: PrefillExtent) -> Tensor:
+                      block_table: Tensor, starts: Tensor, extent: PrefillExtent, window: int = 0) -> Tensor:
     """Causal attention of a packed prefill's queries over their slots' cached keys, which already hold the new
-    ones: query j of sequence b sits at position starts[b] + j and sees keys 0..starts[b] + j. Returns [T, Hq, D].
+    ones: query j of sequence b sits at position starts[b] + j and sees keys 0..starts[b] + j (with a `window`, only
+    the last `window` of those). Returns [T, Hq, D].
 
     q: [T, Hq, D] packed by cu_seqlens [B+1]; k_cache, v_cache: pools [pages, Hkv, page_size, D]; slots, starts:
     [B]; block_table: the engine's [slots, pages_per_seq]; extent: `prefill_extent(cu_seqlens, starts)`. Each
     slot's keys are gathered from its pages, then all sequences go through one scaled_dot_product_attention: a lone
-    sequence with lower-right causal alignment (flash attention, nothing materialised), several padded to the
-    longest one's queries with a mask of which keys each position sees.
+    sequence without a window with lower-right causal alignment (flash attention, nothing materialised), otherwise
+    padded to the longest one's queries with a mask of which keys each position sees.
     """
     t, hq, d = q.shape
     b = slots.shape[0]
@@ -298,7 +307,7 @@ def prefill_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens: T
     pages = slot_pages(block_table, slots, kv_len, k_cache.shape[2])
     keys = gather_pages(k_cache, pages)[:, :, :kv_len]  # [B, Hkv, L, D]
     values = gather_pages(v_cache, pages)[:, :, :kv_len]
-    if b == 1:
+    if b == 1 and not window:
         mask: Tensor | CausalBias = causal_lower_right(t, kv_len)
         return F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys, values, attn_mask=mask,
                                               enable_gqa=True)[0].transpose(0, 1)
@@ -307,7 +316,7 @@ def prefill_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens: T
     padded = q.new_zeros(b, max_new, hq, d)
     padded[seq, j] = q
     q_pos = starts[:, None] + torch.arange(max_new, device=q.device)[None, :]  # [B, M]
-    mask = torch.arange(kv_len, device=q.device)[None, None, :] <= q_pos[:, :, None]  # [B, M, L]
+    mask = window_mask(torch.arange(kv_len, device=q.device)[None, None, :], q_pos[:, :, None], window)  # [B, M, L]
     out = F.scaled_dot_product_attention(padded.transpose(1, 2), keys, values, attn_mask=mask[:, None],
                                          enable_gqa=True)  # [B, Hq, M, D]
     return out.transpose(1, 2)[seq, j]

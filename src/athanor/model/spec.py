@@ -73,17 +73,34 @@ class ModelSpec:
     moe: MoESpec | None = None
     family: str = "llama"
     """The HF architecture family the spec was read from or is saved as: llama, qwen2, qwen3, mixtral, qwen3_moe."""
+    layer_windows: tuple[int, ...] = ()
+    """Sliding-window attention: per layer, how many of the latest keys a query sees, its own among them (HF's
+    `sliding_window` W: from position i, keys j with i - W < j <= i); 0 for a layer that sees every key. Empty: no
+    layer has a window."""
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        if self.layer_windows and len(self.layer_windows) != self.num_layers:
+            raise ValueError(f"layer_windows has {len(self.layer_windows)} entries for {self.num_layers} layers")
+
+    def window(self, layer: int) -> int:
+        """The keys layer `layer`'s attention sees back from a query (0: all of them)."""
+        return self.layer_windows[layer] if self.layer_windows else 0
+
+    @property
+    def windowed(self) -> bool:
+        return any(self.layer_windows)
 
     @property
     def is_moe(self) -> bool:
         return self.moe is not None
 
     def with_layers(self, num_layers: int) -> ModelSpec:
-        return dataclasses.replace(self, num_layers=num_layers)
+        windows = self.layer_windows
+        if windows:  # the first layers' windows, or the pattern repeated where the cut model is longer
+            windows = tuple(windows[i % len(windows)] for i in range(num_layers))
+        return dataclasses.replace(self, num_layers=num_layers, layer_windows=windows)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -95,6 +112,7 @@ class ModelSpec:
             d["rope_scaling"] = RopeScaling(**d["rope_scaling"])
         if d.get("moe"):
             d["moe"] = MoESpec(**d["moe"])
+        d["layer_windows"] = tuple(d.get("layer_windows") or ())
         return ModelSpec(**d)
 
     def num_params(self) -> int:
