@@ -20,7 +20,7 @@ from athanor import __version__
 from athanor.errors import AthanorError
 
 # Modules under athanor.commands that define `register(subparsers)`.
-COMMAND_MODULES = ("model", "traffic", "engine", "evaluate", "compile", "bench", "serve", "dashboard")
+COMMAND_MODULES = ("model", "traffic", "engine", "evaluate", "compile", "bench", "serve", "dashboard", "plan")
 
 
 class _Help(argparse.HelpFormatter):

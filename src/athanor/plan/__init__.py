@@ -1,0 +1,150 @@
+"""`athanor plan`: rank the parallel layouts of a model on N GPUs for a traffic profile.
+
+For each concurrency level (sequences in flight across the whole deployment) every feasible layout
+(`cost.layouts`) is priced: GPU-seconds per 1,000 requests of the traffic (the project's objective: each request's
+prefill plus its share of the decode steps, times the GPUs a replica takes), time per output token and time to
+first token at that concurrency, and whether each GPU holds its weights and its sequences' KV. The ranking is per
+level, since the best layout moves with concurrency.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from athanor.errors import ConfigError
+from athanor.model import ModelSpec
+from athanor.plan.cost import Layout, decode_step, held_bytes, layouts, prefill_s
+from athanor.plan.hardware import Hardware
+from athanor.traffic import TrafficProfile
+
+DEFAULT_CONCURRENCY = (1, 8, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Measured decode steps over this model's TP1 prediction: the factor applied to the memory/compute term."""
+
+    factor: float = 1.0
+    cells: int = 0
+    spread: tuple[float, float] = (1.0, 1.0)
+    """The smallest and largest ratio of a cell."""
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    layout: Layout
+    concurrency: int
+    rows: int
+    """Sequences one replica decodes at once."""
+    fits: bool
+    gib_per_gpu: float
+    gpu_s_per_1k: float
+    tpot_s: float
+    ttft_s: float
+    comm_share: float
+    """Of a decode step, the share spent in collectives."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str
+    hardware: Hardware
+    gpus: int
+    traffic: str
+    input_mean: float
+    output_mean: float
+    calibration: Calibration
+    levels: dict[int, list[Estimate]] = field(default_factory=dict)
+    """Per concurrency, every layout, the ones that fit first, by GPU-seconds per 1,000 requests."""
+
+    def best(self, concurrency: int, by: str = "gpu_s_per_1k") -> Estimate | None:
+        fitting = [e for e in self.levels[concurrency] if e.fits]
+        return min(fitting, key=lambda e: getattr(e, by)) if fitting else None
+
+    def to_dict(self) -> dict[str, Any]:
+        def row(e: Estimate) -> dict[str, Any]:
+            return {**asdict(e), "layout": e.layout.name, "layout_degrees": asdict(e.layout)}
+
+        return {"model": self.model, "hardware": asdict(self.hardware), "gpus": self.gpus, "traffic": self.traffic,
+                "input_mean": self.input_mean, "output_mean": self.output_mean,
+                "calibration": asdict(self.calibration),
+                "levels": {str(c): [row(e) for e in rows] for c, rows in self.levels.items()}}
+
+
+def estimate(spec: ModelSpec, hw: Hardware, layout: Layout, concurrency: int, input_mean: float, output_mean: float,
+             scale: float = 1.0) -> Estimate:
+    """One layout at one concurrency for a traffic of these mean prompt and output lengths."""
+    rows = max(1, math.ceil(concurrency / layout.dp))
+    context = int(input_mean + output_mean / 2)  # a decoding sequence's mean cached length
+    step = decode_step(spec, hw, layout, rows, context, scale)
+    ttft = prefill_s(spec, hw, layout, max(1, int(input_mean)))
+    # A replica spends each request's prefill on it alone and shares each decode step among its rows; with fewer
+    # sequences than replicas, the idle ones are paid for all the same (concurrency / dp rows on average).
+    per_request = (output_mean * step.total_s / (concurrency / layout.dp) + ttft) * layout.replica_gpus
+    held = held_bytes(spec, layout, int(rows * (input_mean + output_mean)))
+    return Estimate(layout, concurrency, rows, held <= hw.usable_bytes(), held / 2**30, 1000 * per_request,
+                    step.total_s, ttft, step.comm_s / step.total_s if step.total_s else 0.0)
+
+
+def calibrate(spec: ModelSpec, hw: Hardware, records: list[str]) -> Calibration:
+    """Fit the decode term to measured steps: `athanor bench decode` records' cells of this model (its best
+    candidate where the record has several), each cell's ms per step over this model's TP1 prediction."""
+    ratios: list[float] = []
+    for path in records:
+        try:
+            record = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError(f"--calibrate {path}: not a readable bench record ({e})") from None
+        for cell in record.get("cells") or ():
+            if cell.get("status") != "ok" or cell.get("model") != spec.name or cell.get("candidate") != "best":
+                continue
+            predicted = decode_step(spec, hw, Layout(), int(cell["batch"]), int(cell["context"])).total_s
+            ratios.append(float(cell["ms_per_token"]) / 1000 / predicted)
+    if not ratios:
+        raise ConfigError(f"--calibrate: no decode cell of {spec.name} (candidate best) in {', '.join(records)}")
+    return Calibration(statistics.median(ratios), len(ratios), (min(ratios), max(ratios)), ", ".join(records))
+
+
+def make_plan(spec: ModelSpec, hw: Hardware, gpus: int, profile: TrafficProfile,
+              concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY, calibration: Calibration | None = None) -> Plan:
+    if gpus < 1:
+        raise ConfigError(f"--gpus {gpus}: must be at least 1")
+    calibration = calibration or Calibration()
+    options = layouts(spec, gpus)
+    if not options:
+        raise ConfigError(f"--gpus {gpus}: no layout of {spec.name} uses {gpus} GPUs (its heads and layers do not "
+                          "divide); try another count")
+    i, o = float(profile.input.mean), float(profile.output.mean)
+    levels = {}
+    for c in concurrency:
+        rows = [estimate(spec, hw, layout, c, i, o, calibration.factor) for layout in options]
+        levels[c] = sorted(rows, key=lambda e: (not e.fits, e.gpu_s_per_1k))
+    return Plan(spec.name, hw, gpus, profile.source, i, o, calibration, levels)
+
+
+def render(plan: Plan, top: int = 5) -> str:
+    """The plan as text: per concurrency the best layouts by GPU-seconds per 1,000 requests, and the fastest."""
+    lines = [f"{plan.model} on {plan.gpus} x {plan.hardware.name}, traffic {plan.traffic} (mean prompt "
+             f"{plan.input_mean:,.0f}, output {plan.output_mean:,.0f} tokens)"]
+    c = plan.calibration
+    lines.append(f"calibration: decode x{c.factor:.3f} from {c.cells} measured cells (spread {c.spread[0]:.2f}-"
+                 f"{c.spread[1]:.2f}) of {c.source}" if c.cells else
+                 "calibration: none (the specification alone; --calibrate RECORD fits it to measured steps)")
+    for concurrency, rows in plan.levels.items():
+        lines += ["", f"concurrency {concurrency}:",
+                  f"  {'layout':<16}{'GPU-s/1k req':>14}{'TPOT ms':>10}{'TTFT s':>9}{'comm':>7}{'GiB/GPU':>9}  fits"]
+        for e in rows[:top]:
+            lines.append(f"  {e.layout.name:<16}{e.gpu_s_per_1k:>14,.1f}{1000 * e.tpot_s:>10.2f}{e.ttft_s:>9.3f}"
+                         f"{100 * e.comm_share:>6.0f}%{e.gib_per_gpu:>9.1f}  {'yes' if e.fits else 'NO'}")
+        fastest = plan.best(concurrency, "tpot_s")
+        if fastest is not None:
+            lines.append(f"  lowest latency: {fastest.layout.name} ({1000 * fastest.tpot_s:.2f} ms per token)")
+        else:
+            lines.append("  no layout holds the model and this many sequences")
+    return "\n".join(lines)
