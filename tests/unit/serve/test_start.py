@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from athanor.serve.launch import free_port
-from conftest import BROKEN_BUILD, MODEL, candidate_dir
+from conftest import BROKEN_BUILD, MODEL, TOKEN, candidate_dir
 
 
 def test_a_candidate_that_cannot_build_stops_serve_with_its_reason(tmp_path: Path) -> None:
@@ -46,7 +46,6 @@ def test_vllm_spellings_an_api_key_version_one_model_and_no_canary(tmp_path: Pat
     from openai import AuthenticationError, OpenAI
 
     from athanor.serve.launch import ServerProcess
-    from conftest import TOKEN
 
     (tmp_path / "token").write_text(TOKEN)
     # `serve MODEL` and --max-model-len, as vLLM spells them; --no-canary: one resident, no deploys.
