@@ -194,8 +194,8 @@ class ReferenceForward:
             self.v_cache[i][pages, :, rows] = v
             out = prefill_attention(q, self.k_cache[i], self.v_cache[i], batch.cu_seqlens, batch.slots,
                                     self.block_table, batch.seq_lens, extent, spec.window(i))
-            x = x + F.linear(out.flatten(1), m.layer(i, "wo"))
-            x = x + self._mlp(i, rms_norm(x, m.layer(i, "mlp_norm"), eps))
+            x = x + self.ctx.all_reduce(F.linear(out.flatten(1), m.layer(i, "wo")))
+            x = x + self.ctx.all_reduce(self._mlp(i, rms_norm(x, m.layer(i, "mlp_norm"), eps)))
         last = batch.cu_seqlens[1:] - 1
         return self._logits(x[last])
 
@@ -216,8 +216,9 @@ class ReferenceForward:
             self.k_cache[i][pages, :, rows] = k
             self.v_cache[i][pages, :, rows] = v
             keys, values = gather_pages(self.k_cache[i], table), gather_pages(self.v_cache[i], table)
-            x = x + F.linear(decode_attention(q, keys, values, masks[spec.window(i)]), m.layer(i, "wo"))
-            x = x + self._mlp(i, rms_norm(x, m.layer(i, "mlp_norm"), eps))
+            x = x + self.ctx.all_reduce(F.linear(decode_attention(q, keys, values, masks[spec.window(i)]),
+                                                 m.layer(i, "wo")))
+            x = x + self.ctx.all_reduce(self._mlp(i, rms_norm(x, m.layer(i, "mlp_norm"), eps)))
         return self._logits(x)
 
 

@@ -106,6 +106,14 @@ class BuildContext:
         self.allocated_bytes += out.numel() * out.element_size()
         return out
 
+    def all_reduce(self, t: Tensor) -> Tensor:
+        """`t` summed in place over this engine's ranks (tensor parallelism's partial sums); `t` itself on one."""
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(t, group=self.group)
+        return t
+
 
 @dataclass
 class DecodeBatch:

@@ -1,0 +1,77 @@
+"""Tensor parallelism: one rank's share of a model, Megatron-style.
+
+Each of `tp` ranks holds a contiguous block of the query heads and the KV heads they read (a KV head is repeated
+on every rank whose query heads use it when there are fewer KV heads than ranks), and a block of every MLP's (and
+expert's) intermediate columns. The projections back to the hidden size (attention's output, the MLP's down
+projection) are split by rows, so each rank's result is a partial sum: the forward adds them across ranks
+(`BuildContext.all_reduce`) and every rank then holds the same hidden states. Norms, the router, embeddings and the
+LM head are whole on every rank, so each rank's logits are the whole model's.
+
+The rank's `ModelSpec` is the model's with its head and column counts divided: a forward written for one device
+runs unchanged on a shard, but for the two all-reduces per layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torch import Tensor
+
+from athanor.errors import ConfigError
+from athanor.model.model import Model
+from athanor.model.spec import ModelSpec
+
+
+def shard_spec(spec: ModelSpec, tp: int) -> ModelSpec:
+    """The spec of one of `tp` ranks' shards; a ConfigError naming the shape that does not divide."""
+    moe = spec.moe
+    widths = [("num_attention_heads", spec.num_heads)]
+    widths.append(("intermediate_size", moe.intermediate_size if moe else spec.intermediate_size))
+    if moe is not None and moe.shared_intermediate_size:
+        widths.append(("shared_expert_intermediate_size", moe.shared_intermediate_size))
+    for name, width in widths:
+        if width % tp:
+            raise ConfigError(f"{spec.name}: {name} {width} does not divide over tp={tp} ranks")
+    if spec.num_kv_heads % tp and tp % spec.num_kv_heads:
+        raise ConfigError(f"{spec.name}: {spec.num_kv_heads} KV heads neither divide over tp={tp} ranks nor "
+                          "repeat evenly on them")
+    shard_moe = moe and dataclasses.replace(moe, intermediate_size=moe.intermediate_size // tp,
+                                            shared_intermediate_size=moe.shared_intermediate_size // tp)
+    return dataclasses.replace(spec, num_heads=spec.num_heads // tp, num_kv_heads=max(1, spec.num_kv_heads // tp),
+                               intermediate_size=spec.intermediate_size // tp if moe is None else spec.intermediate_size,
+                               moe=shard_moe)
+
+
+def shard_model(model: Model, tp: int, rank: int) -> Model:
+    """Rank `rank`'s share of `model` over `tp` ranks (views of its weights: nothing is copied)."""
+    spec = model.spec
+    if not 0 <= rank < tp:
+        raise ValueError(f"rank {rank} of tp={tp}")
+    mine = shard_spec(spec, tp)
+    if tp == 1:
+        return model
+    d = spec.head_dim
+    q0 = rank * mine.num_heads  # this rank's first query head
+    kv0 = q0 // (spec.num_heads // spec.num_kv_heads)  # the KV head that query head reads
+    q_rows = slice(q0 * d, (q0 + mine.num_heads) * d)
+    kv_rows = slice(kv0 * d, (kv0 + mine.num_kv_heads) * d)
+
+    def columns(width: int) -> slice:
+        return slice(rank * width, (rank + 1) * width)
+
+    inner = columns(mine.moe.intermediate_size if mine.moe else mine.intermediate_size)
+    shared = columns(mine.moe.shared_intermediate_size) if mine.moe else slice(0)
+    cut: dict[str, tuple[int, slice]] = {
+        "wq": (0, q_rows), "bq": (0, q_rows), "wk": (0, kv_rows), "bk": (0, kv_rows), "wv": (0, kv_rows),
+        "bv": (0, kv_rows), "wo": (1, q_rows), "w_gate": (0, inner), "w_up": (0, inner), "w_down": (1, inner),
+        "experts.w_gate": (1, inner), "experts.w_up": (1, inner), "experts.w_down": (2, inner),
+        "shared.w_gate": (0, shared), "shared.w_up": (0, shared), "shared.w_down": (1, shared),
+    }
+    weights: dict[str, Tensor] = {}
+    for name, t in model.weights.items():
+        short = name.split(".", 2)[2] if name.startswith("layers.") else name
+        if short in cut:
+            dim, part = cut[short]
+            t = t.narrow(dim, part.start, part.stop - part.start)
+        weights[name] = t
+    return Model(mine, weights, f"{model.source} (tp {rank}/{tp})", model.full_num_layers)

@@ -1,0 +1,70 @@
+"""Tensor parallelism on the CPU: two gloo ranks, each running the reference forward on its shard of a model
+(`athanor.model.shard`), give TP1's logits for a packed prefill, a second chunk and decode steps; for a dense, a
+Qwen-style (q/k norms, biases, tied embeddings) and a MoE (shared expert with a gate) preset, and for TP4 over two
+KV heads (each repeated on two ranks)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from athanor.errors import ConfigError
+from athanor.model import BuildContext, DecodeBatch, make_prefill_batch
+from athanor.model.random_init import random_model
+from athanor.model.reference import build
+from athanor.model.registry import load_spec
+from athanor.model.shard import shard_model, shard_spec
+
+
+def _script(model, ctx: BuildContext) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """Logits of the same steps on any forward: [prefill of two sequences, a second chunk, three decode steps]."""
+    gen = torch.Generator().manual_seed(7)
+    a, b = torch.randint(0, model.spec.vocab_size, (20,), generator=gen), torch.randint(0, 50, (6,), generator=gen)
+    fwd = build(model, ctx)
+    out = [fwd.prefill(make_prefill_batch([a[:12].tolist(), b.tolist()], [0, 1]))]
+    out.append(fwd.prefill(make_prefill_batch([a[12:17].tolist()], [0], seq_lens=[12])))
+    for n in range(17, 20):
+        pos = torch.tensor([n])
+        out.append(fwd.decode(DecodeBatch(a[n:n + 1], pos, torch.tensor([0]), pos)))
+    return torch.cat(out)
+
+
+def _rank(rank: int, tp: int, preset: str, rendezvous: str, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=tp)
+    try:
+        model = random_model(load_spec(preset), seed=0, device=torch.device("cpu"), dtype=torch.float32)
+        ctx = BuildContext(torch.device("cpu"), torch.float32, max_seqs=2, max_seq_len=32, rank=rank, world_size=tp)
+        with torch.no_grad():
+            logits = _script(shard_model(model, tp, rank), ctx)
+        torch.save(logits, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(("preset", "tp"), [("tiny-dense", 2), ("tiny-qwen", 2), ("tiny-moe", 2), ("tiny-dense", 4)])
+def test_tensor_parallel_logits_equal_one_devices(tmp_path: Path, preset: str, tp: int) -> None:
+    model = random_model(load_spec(preset), seed=0, device=torch.device("cpu"), dtype=torch.float32)
+    with torch.no_grad():
+        want = _script(model, BuildContext(torch.device("cpu"), torch.float32, max_seqs=2, max_seq_len=32))
+    out = str(tmp_path / "logits")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the ranks talk over loopback only
+    mp.start_processes(_rank, args=(tp, preset, str(tmp_path / "rendezvous"), out), nprocs=tp, join=True,
+                       start_method="spawn")
+    shards = [torch.load(f"{out}.{r}") for r in range(tp)]
+    bound = 1e-4 * want.abs().max().item()
+    for r, got in enumerate(shards):
+        err = (got - want).abs().max().item()
+        assert err <= bound, f"{preset} tp={tp} rank {r}: max |TP - TP1| = {err:.3g} > {bound:.3g}"
+
+
+def test_a_shape_that_does_not_divide_is_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match="num_attention_heads 4 does not divide over tp=3"):
+        shard_spec(load_spec("tiny-dense"), 3)
+    spec = shard_spec(load_spec("qwen3-30b-a3b"), 8)  # 4 KV heads over 8 ranks: one each, repeated
+    assert (spec.num_heads, spec.num_kv_heads, spec.moe and spec.moe.intermediate_size) == (4, 1, 96)
