@@ -161,17 +161,33 @@ class ReferenceForward:
         if self.routing_observer is not None:
             self.routing_observer(i, topk_ids)
         w_gate, w_up, w_down = m.layer(i, "experts.w_gate"), m.layer(i, "experts.w_up"), m.layer(i, "experts.w_down")
+        # Under EP this rank holds a block of the experts (the first one `first`); the others' tokens are theirs.
+        held = w_gate.shape[0]
+        first = (self.ctx.rank % self.ctx.layout.ep) * held if held < moe.num_experts else 0
         out = torch.zeros_like(x)
         for e in torch.unique(topk_ids).tolist():
+            if not first <= e < first + held:
+                continue
             token_idx, k_idx = torch.nonzero(topk_ids == e, as_tuple=True)
-            y = swiglu(x[token_idx], w_gate[e], w_up[e], w_down[e])
+            y = swiglu(x[token_idx], w_gate[e - first], w_up[e - first], w_down[e - first])
             out.index_add_(0, token_idx, y * topk_weights[token_idx, k_idx, None].to(x.dtype))
-        if moe.shared_intermediate_size:
+        # A shared expert whole on every rank (EP without TP) is added once, by the first.
+        if moe.shared_intermediate_size and (self.ctx.layout.tp > 1 or self.ctx.rank % self.ctx.layout.ep == 0):
             shared = swiglu(x, m.layer(i, "shared.w_gate"), m.layer(i, "shared.w_up"), m.layer(i, "shared.w_down"))
             if moe.shared_gate:
                 shared = torch.sigmoid(F.linear(x, m.layer(i, "shared.gate"))) * shared
             out = out + shared
         return out
+
+    # Layouts over several ranks (`athanor.model.shard`): TP leaves partial sums after attention's output
+    # projection and the MLP's down projection, EP after the routed experts each rank holds; a DP replica's (or
+    # EP's replicated attention's) results are whole already.
+    def _attention_sum(self, t: Tensor) -> Tensor:
+        return self.ctx.all_reduce(t) if self.ctx.layout.tp > 1 else t
+
+    def _mlp_sum(self, t: Tensor) -> Tensor:
+        split = self.ctx.layout.tp > 1 or (self.spec.moe is not None and self.ctx.layout.ep > 1)
+        return self.ctx.all_reduce(t) if split else t
 
     def _logits(self, x: Tensor) -> Tensor:
         return F.linear(rms_norm(x, self.model.get("norm"), self.spec.rms_norm_eps), self.model.get("lm_head"))
@@ -194,8 +210,8 @@ class ReferenceForward:
             self.v_cache[i][pages, :, rows] = v
             out = prefill_attention(q, self.k_cache[i], self.v_cache[i], batch.cu_seqlens, batch.slots,
                                     self.block_table, batch.seq_lens, extent, spec.window(i))
-            x = x + self.ctx.all_reduce(F.linear(out.flatten(1), m.layer(i, "wo")))
-            x = x + self.ctx.all_reduce(self._mlp(i, rms_norm(x, m.layer(i, "mlp_norm"), eps)))
+            x = x + self._attention_sum(F.linear(out.flatten(1), m.layer(i, "wo")))
+            x = x + self._mlp_sum(self._mlp(i, rms_norm(x, m.layer(i, "mlp_norm"), eps)))
         last = batch.cu_seqlens[1:] - 1
         return self._logits(x[last])
 
@@ -216,9 +232,9 @@ class ReferenceForward:
             self.k_cache[i][pages, :, rows] = k
             self.v_cache[i][pages, :, rows] = v
             keys, values = gather_pages(self.k_cache[i], table), gather_pages(self.v_cache[i], table)
-            x = x + self.ctx.all_reduce(F.linear(decode_attention(q, keys, values, masks[spec.window(i)]),
+            x = x + self._attention_sum(F.linear(decode_attention(q, keys, values, masks[spec.window(i)]),
                                                  m.layer(i, "wo")))
-            x = x + self.ctx.all_reduce(self._mlp(i, rms_norm(x, m.layer(i, "mlp_norm"), eps)))
+            x = x + self._mlp_sum(self._mlp(i, rms_norm(x, m.layer(i, "mlp_norm"), eps)))
         return self._logits(x)
 
 

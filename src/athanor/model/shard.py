@@ -22,34 +22,44 @@ from athanor.model.model import Model
 from athanor.model.spec import ModelSpec
 
 
-def shard_spec(spec: ModelSpec, tp: int) -> ModelSpec:
-    """The spec of one of `tp` ranks' shards; a ConfigError naming the shape that does not divide."""
+def shard_spec(spec: ModelSpec, tp: int, ep: int = 1) -> ModelSpec:
+    """The spec of one rank's shard under `tp`-way tensor parallelism and, for a MoE, `ep`-way expert parallelism
+    (each rank whole experts, a block of them; the router still scores all); a ConfigError naming the shape that
+    does not divide."""
     moe = spec.moe
-    widths = [("num_attention_heads", spec.num_heads)]
-    widths.append(("intermediate_size", moe.intermediate_size if moe else spec.intermediate_size))
-    if moe is not None and moe.shared_intermediate_size:
-        widths.append(("shared_expert_intermediate_size", moe.shared_intermediate_size))
-    for name, width in widths:
-        if width % tp:
-            raise ConfigError(f"{spec.name}: {name} {width} does not divide over tp={tp} ranks")
+    widths = [("num_attention_heads", spec.num_heads, tp)]
+    if moe is None:
+        widths.append(("intermediate_size", spec.intermediate_size, tp))
+    else:
+        widths.append(("num_experts", moe.num_experts, ep) if ep > 1 else
+                      ("moe_intermediate_size", moe.intermediate_size, tp))
+        if moe.shared_intermediate_size:
+            widths.append(("shared_expert_intermediate_size", moe.shared_intermediate_size, tp))
+    for name, width, ranks in widths:
+        if width % ranks:
+            raise ConfigError(f"{spec.name}: {name} {width} does not divide over {ranks} ranks")
     if spec.num_kv_heads % tp and tp % spec.num_kv_heads:
         raise ConfigError(f"{spec.name}: {spec.num_kv_heads} KV heads neither divide over tp={tp} ranks nor "
                           "repeat evenly on them")
-    shard_moe = moe and dataclasses.replace(moe, intermediate_size=moe.intermediate_size // tp,
+    shard_moe = moe and dataclasses.replace(moe, intermediate_size=moe.intermediate_size // (1 if ep > 1 else tp),
                                             shared_intermediate_size=moe.shared_intermediate_size // tp)
     return dataclasses.replace(spec, num_heads=spec.num_heads // tp, num_kv_heads=max(1, spec.num_kv_heads // tp),
                                intermediate_size=spec.intermediate_size // tp if moe is None else spec.intermediate_size,
                                moe=shard_moe)
 
 
-def shard_model(model: Model, tp: int, rank: int) -> Model:
-    """Rank `rank`'s share of `model` over `tp` ranks (views of its weights: nothing is copied)."""
+def shard_model(model: Model, rank: int, tp: int = 1, ep: int = 1) -> Model:
+    """Rank `rank`'s share of `model` under `tp`-way TP and `ep`-way EP (views of its weights: nothing is copied).
+    Ranks beyond a degree repeat its shards (rank % tp, rank % ep): EP over TP ranks, or replicated attention."""
     spec = model.spec
-    if not 0 <= rank < tp:
-        raise ValueError(f"rank {rank} of tp={tp}")
-    mine = shard_spec(spec, tp)
-    if tp == 1:
+    mine = shard_spec(spec, tp, ep)
+    if tp == 1 and ep == 1:
         return model
+    experts = slice(0)
+    if ep > 1 and spec.moe is not None:
+        held = spec.moe.num_experts // ep
+        experts = slice((rank % ep) * held, (rank % ep + 1) * held)
+    rank %= tp
     d = spec.head_dim
     q0 = rank * mine.num_heads  # this rank's first query head
     kv0 = q0 // (spec.num_heads // spec.num_kv_heads)  # the KV head that query head reads
@@ -64,9 +74,12 @@ def shard_model(model: Model, tp: int, rank: int) -> Model:
     cut: dict[str, tuple[int, slice]] = {
         "wq": (0, q_rows), "bq": (0, q_rows), "wk": (0, kv_rows), "bk": (0, kv_rows), "wv": (0, kv_rows),
         "bv": (0, kv_rows), "wo": (1, q_rows), "w_gate": (0, inner), "w_up": (0, inner), "w_down": (1, inner),
-        "experts.w_gate": (1, inner), "experts.w_up": (1, inner), "experts.w_down": (2, inner),
         "shared.w_gate": (0, shared), "shared.w_up": (0, shared), "shared.w_down": (1, shared),
-    }
+    } if tp > 1 else {}
+    if ep > 1:  # whole experts, a block of them
+        cut.update({f"experts.{w}": (0, experts) for w in ("w_gate", "w_up", "w_down")})
+    elif tp > 1:
+        cut.update({"experts.w_gate": (1, inner), "experts.w_up": (1, inner), "experts.w_down": (2, inner)})
     weights: dict[str, Tensor] = {}
     for name, t in model.weights.items():
         short = name.split(".", 2)[2] if name.startswith("layers.") else name
@@ -74,4 +87,4 @@ def shard_model(model: Model, tp: int, rank: int) -> Model:
             dim, part = cut[short]
             t = t.narrow(dim, part.start, part.stop - part.start)
         weights[name] = t
-    return Model(mine, weights, f"{model.source} (tp {rank}/{tp})", model.full_num_layers)
+    return Model(mine, weights, f"{model.source} (shard of tp={tp} ep={ep})", model.full_num_layers)

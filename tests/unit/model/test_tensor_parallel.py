@@ -1,7 +1,8 @@
-"""Tensor parallelism on the CPU: two gloo ranks, each running the reference forward on its shard of a model
-(`athanor.model.shard`), give TP1's logits for a packed prefill, a second chunk and decode steps; for a dense, a
-Qwen-style (q/k norms, biases, tied embeddings) and a MoE (shared expert with a gate) preset, and for TP4 over two
-KV heads (each repeated on two ranks)."""
+"""Layouts on the CPU: gloo ranks, each running the reference forward on its shard of a model
+(`athanor.model.shard`), give one device's logits for a packed prefill, a second chunk and decode steps. TP2 for
+a dense, a Qwen-style (q/k norms, biases, tied embeddings) and a MoE (shared expert with a gate) preset; TP4 over
+two KV heads (each repeated on two ranks); EP2 with replicated attention, TP2 with EP2 over the same ranks, and DP2
+replicas (no collective)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from athanor.errors import ConfigError
-from athanor.model import BuildContext, DecodeBatch, make_prefill_batch
+from athanor.model import BuildContext, DecodeBatch, Layout, make_prefill_batch
 from athanor.model.random_init import random_model
 from athanor.model.reference import build
 from athanor.model.registry import load_spec
@@ -34,37 +35,49 @@ def _script(model, ctx: BuildContext) -> torch.Tensor:  # type: ignore[no-untype
     return torch.cat(out)
 
 
-def _rank(rank: int, tp: int, preset: str, rendezvous: str, out: str) -> None:
+def _rank(rank: int, layout: Layout, preset: str, rendezvous: str, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=tp)
+    ranks = max(layout.tp * layout.dp, layout.ep)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=ranks)
     try:
         model = random_model(load_spec(preset), seed=0, device=torch.device("cpu"), dtype=torch.float32)
-        ctx = BuildContext(torch.device("cpu"), torch.float32, max_seqs=2, max_seq_len=32, rank=rank, world_size=tp)
+        ctx = BuildContext(torch.device("cpu"), torch.float32, max_seqs=2, max_seq_len=32, rank=rank,
+                           world_size=ranks, layout=layout)
         with torch.no_grad():
-            logits = _script(shard_model(model, tp, rank), ctx)
+            logits = _script(shard_model(model, rank, layout.tp, layout.ep), ctx)
         torch.save(logits, f"{out}.{rank}")
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize(("preset", "tp"), [("tiny-dense", 2), ("tiny-qwen", 2), ("tiny-moe", 2), ("tiny-dense", 4)])
-def test_tensor_parallel_logits_equal_one_devices(tmp_path: Path, preset: str, tp: int) -> None:
+SLOW = pytest.mark.slow  # the exhaustive variants: each start of the ranks costs seconds of imports
+LAYOUTS = [("tiny-qwen", Layout(tp=2)), ("tiny-moe", Layout(tp=2, ep=2)),
+           pytest.param("tiny-dense", Layout(tp=2), marks=SLOW), pytest.param("tiny-moe", Layout(tp=2), marks=SLOW),
+           pytest.param("tiny-dense", Layout(tp=4), marks=SLOW), pytest.param("tiny-moe", Layout(ep=2), marks=SLOW),
+           pytest.param("tiny-moe", Layout(dp=2), marks=SLOW)]
+
+
+@pytest.mark.parametrize(("preset", "layout"), LAYOUTS, ids=lambda v: v if isinstance(v, str) else
+                         f"tp{v.tp}-ep{v.ep}-dp{v.dp}")
+def test_layout_logits_equal_one_devices(tmp_path: Path, preset: str, layout: Layout) -> None:
     model = random_model(load_spec(preset), seed=0, device=torch.device("cpu"), dtype=torch.float32)
     with torch.no_grad():
         want = _script(model, BuildContext(torch.device("cpu"), torch.float32, max_seqs=2, max_seq_len=32))
     out = str(tmp_path / "logits")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the ranks talk over loopback only
-    mp.start_processes(_rank, args=(tp, preset, str(tmp_path / "rendezvous"), out), nprocs=tp, join=True,
+    ranks = max(layout.tp * layout.dp, layout.ep)
+    mp.start_processes(_rank, args=(layout, preset, str(tmp_path / "rendezvous"), out), nprocs=ranks, join=True,
                        start_method="spawn")
-    shards = [torch.load(f"{out}.{r}") for r in range(tp)]
     bound = 1e-4 * want.abs().max().item()
-    for r, got in enumerate(shards):
-        err = (got - want).abs().max().item()
-        assert err <= bound, f"{preset} tp={tp} rank {r}: max |TP - TP1| = {err:.3g} > {bound:.3g}"
+    for r in range(ranks):
+        err = (torch.load(f"{out}.{r}") - want).abs().max().item()
+        assert err <= bound, f"{preset} {layout} rank {r}: max |layout - one device| = {err:.3g} > {bound:.3g}"
 
 
 def test_a_shape_that_does_not_divide_is_refused_by_name() -> None:
-    with pytest.raises(ConfigError, match="num_attention_heads 4 does not divide over tp=3"):
+    with pytest.raises(ConfigError, match="num_attention_heads 4 does not divide over 3 ranks"):
         shard_spec(load_spec("tiny-dense"), 3)
+    with pytest.raises(ConfigError, match="num_experts 8 does not divide over 3 ranks"):
+        shard_spec(load_spec("tiny-moe"), 1, ep=3)
     spec = shard_spec(load_spec("qwen3-30b-a3b"), 8)  # 4 KV heads over 8 ranks: one each, repeated
     assert (spec.num_heads, spec.num_kv_heads, spec.moe and spec.moe.intermediate_size) == (4, 1, 96)
