@@ -321,14 +321,15 @@ class Evaluator:
 
     def _alone(self, engines: TierEngines, incumbent: Candidate, text: scripts.TextSource, shape: obj.StepShape,
                seed: int, rounds: int = 1) -> np.ndarray:
-        """Step times of the incumbent and its twin on `shape`, timed by themselves (the challenger's worker, if
-        any, stopped throughout). One warm-up step: a calibration that errs slow only makes the check laxer."""
+        """Step times of the incumbent and its twin on `shape`, timed without the challenger (its worker, if any,
+        stopped throughout; the trusted reference takes its turns). One warm-up step: a calibration that errs slow
+        only makes the check laxer."""
         script = self._shape_script(text, shape, rounds * self.config.calibration_steps, warmup=1)
         reply = engines.run((incumbent.id, twin_of(incumbent).id), script, seed, self.config.timeouts.timing_s,
                             alone=True)
         if reply.status != "ok" or reply.times_s is None:
             raise IncumbentFailed(f"the incumbent failed its calibration ({reply.status}): {_first(reply.error)}")
-        return reply.times_s.numpy()[:, list(script.timed)].ravel()
+        return reply.times_s.numpy()[[0, 2]][:, list(script.timed)].ravel()  # row 1: the reference's turns
 
     def _calibrate(self, tier: str, engines: TierEngines, incumbent: Candidate, text: scripts.TextSource,
                    seed: int) -> None:

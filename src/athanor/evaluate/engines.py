@@ -120,11 +120,17 @@ class TierEngines:
     def run(self, ids: tuple[str, ...], script: Script, seed: int, timeout_s: float,
             logits_of: tuple[str, ...] = (), alone: bool = False) -> p.TrajectoryReply:
         """`script` on the residents `ids`, interleaved step by step; a refusal is a violation reply. `alone`: the
-        challenger's worker stays stopped throughout (the incumbent timed by itself)."""
+        challenger's worker stays stopped throughout (the incumbent timed by itself), and the trusted reference
+        worker takes the challenger's turn after the first side's, running the reference: each side's steps then
+        follow as many other workers' as beside a challenger, so what the caches keep between them is the same and
+        a slowdown beside the challenger is the challenger's doing (its row is the reply's second)."""
+        sides = [self.side(c) for c in ids]
+        if alone:
+            sides.insert(1, Side(self.reference_candidate.id, self.reference, True))
         try:
-            return run_interleaved([self.side(c) for c in ids], script, seed, timeout_s, logits_of=[ids.index(c) for c in logits_of],
-                                  threads=self.threads, device_clock=self.device_clock,
-                                  hold=(self.challenger,) if alone else ())
+            return run_interleaved(sides, script, seed, timeout_s, logits_of=[ids.index(c) for c in logits_of],
+                                   threads=self.threads, device_clock=self.device_clock,
+                                   hold=(self.challenger,) if alone else ())
         except Refused as e:
             return p.TrajectoryReply(status="violation", error=str(e), violations=(str(e),))
 
