@@ -28,7 +28,8 @@ from athanor.seams import pages_for as pages_for
 
 @dataclass(frozen=True)
 class Layout:
-    """A parallel layout. Day one is one device; the fields exist so TP/EP candidates need no new seam."""
+    """A parallel layout: the reference forward runs TP, EP and DP shards (`athanor.model.shard`); `athanor plan`
+    ranks them all."""
 
     tp: int = 1
     """Tensor-parallel degree."""
@@ -40,6 +41,22 @@ class Layout:
     """Pipeline stages."""
     dcp: int = 1
     """Decode context-parallel degree (KV split across ranks)."""
+
+    @property
+    def gpus(self) -> int:
+        """Devices the layout takes (EP and DCP reuse the TP x DP ranks)."""
+        return self.tp * self.dp * self.pp
+
+    @property
+    def replica_gpus(self) -> int:
+        """Devices one replica (one copy of the model, serving its share of the sequences) takes."""
+        return self.tp * self.pp
+
+    @property
+    def name(self) -> str:
+        parts = [f"{k}{v}" for k, v in (("tp", self.tp), ("ep", self.ep), ("dcp", self.dcp), ("pp", self.pp),
+                                        ("dp", self.dp)) if v > 1]
+        return ".".join(parts) or "tp1"
 
 
 PAGE_SIZE = 16

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from athanor.errors import ConfigError
-from athanor.model import ModelSpec
-from athanor.plan.cost import Layout, decode_step, held_bytes, layouts, prefill_s
+from athanor.model import Layout, ModelSpec
+from athanor.plan.cost import decode_step, held_bytes, layouts, prefill_s
 from athanor.plan.hardware import Hardware
 from athanor.traffic import TrafficProfile
 

@@ -18,36 +18,11 @@ import math
 from dataclasses import dataclass
 
 from athanor.evaluate.objective import prefill_flops
-from athanor.model import ModelSpec
+from athanor.model import Layout, ModelSpec
 from athanor.plan.hardware import Hardware
 
 DTYPE_BYTES = 2
 """bf16 weights and KV: what the plan assumes a GPU serves."""
-
-
-@dataclass(frozen=True)
-class Layout:
-    tp: int = 1
-    dp: int = 1
-    pp: int = 1
-    ep: int = 1
-    """Ranks the routed experts are spread over (1: every rank holds every expert, TP-split)."""
-    dcp: int = 1
-
-    @property
-    def gpus(self) -> int:
-        return self.tp * self.dp * self.pp
-
-    @property
-    def replica_gpus(self) -> int:
-        """GPUs one replica (one copy of the model serving its share of the sequences) takes."""
-        return self.tp * self.pp
-
-    @property
-    def name(self) -> str:
-        parts = [f"{k}{v}" for k, v in (("tp", self.tp), ("ep", self.ep), ("dcp", self.dcp), ("pp", self.pp),
-                                        ("dp", self.dp)) if v > 1]
-        return ".".join(parts) or "tp1"
 
 
 def _divisors(n: int) -> list[int]:
@@ -73,7 +48,7 @@ def layouts(spec: ModelSpec, gpus: int) -> list[Layout]:
                 eps.append(tp * dp)
             for ep in eps:
                 for dcp in _divisors(copies):
-                    out.append(Layout(tp, dp, pp, ep, dcp))
+                    out.append(Layout(tp=tp, ep=ep, dp=dp, pp=pp, dcp=dcp))
     return out
 
 

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from athanor.errors import ConfigError
+from athanor.model import Layout
 from athanor.model.registry import load_spec
 from athanor.plan import DEFAULT_CONCURRENCY, calibrate, make_plan
-from athanor.plan.cost import Layout, decode_step, layouts
+from athanor.plan.cost import decode_step, layouts
 from athanor.plan.hardware import KNOWN, load_hardware
 from athanor.traffic import load_profile
 
