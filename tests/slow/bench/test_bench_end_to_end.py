@@ -25,6 +25,7 @@ def _run(argv: list[str], out: Path, capsys: pytest.CaptureFixture[str]) -> tupl
     return record, printed
 
 
+@pytest.mark.timing  # its A/A interval is a noise floor: measured beside other tests, it measures them
 def test_evaluate_gives_the_noise_floor_and_a_verdict_on_the_planted_candidate(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     record, printed = _run(["evaluate", "--model", "tiny-dense", "--device", "cpu", "--runs", "2", "--pairs", "8",
