@@ -52,7 +52,7 @@ def model_on_disk(name: str, directory: Path, dtype: str) -> str:
     from athanor.model.hf import save_hf
 
     model = load_model(name, dtype=getattr(torch, dtype) if dtype else None)
-    save_hf(model, directory)
+    save_hf(model, directory, hf_exact=False)  # only the engine reads it
     return str(directory)
 
 

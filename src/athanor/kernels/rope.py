@@ -1,4 +1,4 @@
-"""Rotary position embedding (HF rotate-half layout, as `reference.apply_rope`), and its fusion
+"""Rotary position embedding (HF rotate-half layout, as `athanor.model.rope.apply_rope`), and its fusion
 with the decode step's KV-cache write (one kernel instead of rope + two scatter copies).
 
 The cache is paged (`kernels.paging`): the key of position p of slot s goes to row p % page_size of page

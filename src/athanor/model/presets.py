@@ -42,6 +42,15 @@ PRESETS: dict[str, ModelSpec] = {
             max_position_embeddings=32768, family="mixtral",
             moe=MoESpec(num_experts=8, top_k=2, intermediate_size=14336, scoring="softmax", renormalize=True),
         ),
+        ModelSpec(  # the text model of google/gemma-3-27b-it: five local (1,024-token window) layers to a global one
+            name="gemma-3-27b", vocab_size=262208, hidden_size=5376, intermediate_size=21504, num_layers=62,
+            num_heads=32, num_kv_heads=16, head_dim=128, rope_theta=1000000.0,
+            rope_scaling=RopeScaling(factor=8.0, kind="linear"), rms_norm_eps=1e-6, max_position_embeddings=131072,
+            tie_embeddings=True, qk_norm=True, family="gemma3_text",
+            layer_windows=tuple(0 if (i + 1) % 6 == 0 else 1024 for i in range(62)), local_rope_theta=10000.0,
+            norm_unit_offset=True, sandwich_norms=True, embed_scale=5376 ** 0.5, activation="gelu_tanh",
+            attn_scale=168 ** -0.5,
+        ),
         # Tiny presets for tests: every code path, in milliseconds.
         ModelSpec(
             name="tiny-dense", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=4,

@@ -1,6 +1,6 @@
 """Random weights for a spec: speed work on large shapes needs the shapes, not the values.
 
-Scales keep activations bounded through many layers (projections ~ N(0, 1/fan_in), norms 1),
+Scales keep activations bounded through many layers (projections ~ N(0, 1/fan_in), norms scaling by 1),
 so a random model still produces finite logits in bf16. MoE routing of a random model is
 not realistic; replay a measured routing profile (athanor.traffic) on top of it.
 """
@@ -24,8 +24,8 @@ def random_model(
     weights: dict[str, torch.Tensor] = {}
     for name, shape in weight_shapes(spec).items():
         leaf = name.rsplit(".", 1)[-1]
-        if leaf.endswith("norm"):
-            t = torch.ones(shape, device=device, dtype=dtype)
+        if leaf.endswith("norm"):  # a scale of one: Gemma's norms scale by (1 + weight)
+            t = (torch.zeros if spec.norm_unit_offset else torch.ones)(shape, device=device, dtype=dtype)
         elif leaf in ("bq", "bk", "bv"):
             t = torch.randn(shape, generator=gen, device=device, dtype=dtype) * 0.02
         else:

@@ -1,6 +1,6 @@
 """The reference forward pass: athanor's oracle and the baseline candidate.
 
-Readable PyTorch for the dense Llama/Qwen family and its MoE cousins, following the
+Readable PyTorch for the dense Llama/Qwen family, its MoE cousins and Gemma 3, following the
 candidate seam (docs/architecture.md): `build(model, ctx)` returns a `Forward` with `prefill` and
 `decode` over per-sequence slots, whose tokens' keys and values live in the pages of a KV pool that
 the engine's block table assigns (`ctx.block_table`). Every speedup athanor
@@ -14,7 +14,6 @@ row p % page_size.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,8 +24,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from athanor.model import BuildContext, DecodeBatch, Model, PrefillBatch
+from athanor.model.rope import apply_rope, rope_tables
 from athanor.model.seam import pages_for
-from athanor.model.spec import ModelSpec, RopeScaling
 
 SEAM_VERSION = 2
 """The candidate seam this file follows (`athanor.model.seam.SEAM_VERSION`)."""
@@ -42,70 +41,14 @@ in place, and the order set each time, as torch's global priority order is proce
 change."""
 
 
-def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    # Normalise in fp32 and cast back before the scale, as HF's LlamaRMSNorm does.
+def rms_norm(x: Tensor, weight: Tensor, eps: float, unit_offset: bool = False) -> Tensor:
+    # Normalise in fp32 and cast back before the scale, as HF's LlamaRMSNorm does; Gemma's scales by (1 + weight) in
+    # fp32 and casts after.
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if unit_offset:
+        return (xf * (1.0 + weight.float())).to(x.dtype)
     return weight * xf.to(x.dtype)
-
-
-def rope_inv_freq(spec: ModelSpec) -> Tensor:
-    """Inverse frequencies [head_dim / 2] fp32, scaled as the spec's `rope_scaling` says."""
-    d = spec.head_dim
-    inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    s = spec.rope_scaling
-    if s is None:
-        return inv_freq
-    if s.kind == "linear":
-        return inv_freq / s.factor
-    if s.kind == "yarn":
-        return yarn_inv_freq(inv_freq, s, spec.rope_theta)
-    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
-    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
-    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
-        s.high_freq_factor - s.low_freq_factor
-    )
-    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
-    is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return torch.where(is_medium, smoothed, scaled)
-
-
-def yarn_inv_freq(inv_freq: Tensor, s: RopeScaling, base: float) -> Tensor:
-    """YaRN (Peng et al., 2023): a dimension that turns fewer than `beta_slow` times over the original context is
-    interpolated (divided by the factor), one that turns more than `beta_fast` times kept, and those between blend
-    linearly in their index."""
-    d = 2 * inv_freq.shape[0]
-
-    def dim_turning(turns: float) -> float:  # the dimension that turns `turns` times over the original context
-        return d * math.log(s.original_max_position_embeddings / (turns * 2 * math.pi)) / (2 * math.log(base))
-
-    low, high = dim_turning(s.beta_fast), dim_turning(s.beta_slow)
-    if s.truncate:
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, d - 1)
-    ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / max(high - low, 1e-3)).clamp(0, 1)
-    return inv_freq / s.factor * ramp + inv_freq * (1 - ramp)
-
-
-def rope_tables(spec: ModelSpec, length: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """cos and sin [length, head_dim] of positions 0..length-1, times YaRN's attention factor where it applies."""
-    freqs = torch.outer(torch.arange(length, dtype=torch.float32), rope_inv_freq(spec))
-    emb = torch.cat((freqs, freqs), dim=-1)
-    scale = spec.rope_scaling.attention_factor if spec.rope_scaling is not None else 1.0
-    return ((emb.cos() * scale).to(device=device, dtype=dtype).contiguous(),
-            (emb.sin() * scale).to(device=device, dtype=dtype).contiguous())
-
-
-def rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    # x: [N, heads, D]; cos, sin: [N, D]
-    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
 
 
 class ReferenceForward:
@@ -119,6 +62,9 @@ class ReferenceForward:
         # The MoE expert loop has data-dependent shapes, so only dense models can be captured.
         self.graph_safe = spec.moe is None
         self.cos, self.sin = rope_tables(spec, ctx.max_seq_len, ctx.device, ctx.dtype)  # [max_seq_len, D]
+        # The windowed layers' own RoPE base (Gemma 3's local layers), where they have one.
+        self.local_cos, self.local_sin = (rope_tables(spec, ctx.max_seq_len, ctx.device, ctx.dtype, local=True)
+                                          if spec.local_rope_theta else (self.cos, self.sin))
         pool_shape = (ctx.num_pages + 1, spec.num_kv_heads, ctx.page_size, spec.head_dim)
         self.k_cache = [ctx.allocate(pool_shape) for _ in range(spec.num_layers)]
         self.v_cache = [ctx.allocate(pool_shape) for _ in range(spec.num_layers)]
@@ -127,6 +73,9 @@ class ReferenceForward:
         """Called with (layer, topk_ids [N, top_k]) on every MoE layer; the engine records routing with it."""
 
     # -- pieces -----------------------------------------------------------------------------
+    def _norm(self, x: Tensor, name: str) -> Tensor:
+        return rms_norm(x, self.model.get(name), self.spec.rms_norm_eps, self.spec.norm_unit_offset)
+
     def _qkv(self, i: int, h: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q [N, Hq, D], k and v [N, Hkv, D] with RoPE applied, for hidden states h [N, H]."""
         m, spec = self.model, self.spec
@@ -138,16 +87,32 @@ class ReferenceForward:
         k = k.view(n, spec.num_kv_heads, spec.head_dim)
         v = v.view(n, spec.num_kv_heads, spec.head_dim)
         if spec.qk_norm:
-            q = rms_norm(q, m.layer(i, "q_norm"), spec.rms_norm_eps)
-            k = rms_norm(k, m.layer(i, "k_norm"), spec.rms_norm_eps)
-        cos, sin = self.cos.index_select(0, positions), self.sin.index_select(0, positions)
+            q, k = self._norm(q, f"layers.{i}.q_norm"), self._norm(k, f"layers.{i}.k_norm")
+        local = spec.local_rope_theta and spec.window(i)
+        cos, sin = (self.local_cos, self.local_sin) if local else (self.cos, self.sin)
+        cos, sin = cos.index_select(0, positions), sin.index_select(0, positions)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def _embed(self, tokens: Tensor) -> Tensor:
+        x = F.embedding(tokens, self.model.get("embed"))
+        scale = self.spec.embed_scale
+        return x * torch.tensor(scale, dtype=x.dtype) if scale != 1.0 else x
+
+    def _attention_residual(self, i: int, x: Tensor, out: Tensor) -> Tensor:
+        """x plus attention's output `out` [N, Hq * D] projected (and normed, with sandwich norms)."""
+        y = self._attention_sum(F.linear(out, self.model.layer(i, "wo")))
+        return x + (self._norm(y, f"layers.{i}.attn_post_norm") if self.spec.sandwich_norms else y)
+
+    def _mlp_residual(self, i: int, x: Tensor) -> Tensor:
+        y = self._mlp_sum(self._mlp(i, self._norm(x, f"layers.{i}.mlp_norm")))
+        return x + (self._norm(y, f"layers.{i}.mlp_post_norm") if self.spec.sandwich_norms else y)
 
     def _mlp(self, i: int, x: Tensor) -> Tensor:
         if self.spec.moe is not None:
             return self._moe(i, x)
         m = self.model
-        return swiglu(x, m.layer(i, "w_gate"), m.layer(i, "w_up"), m.layer(i, "w_down"))
+        act = F.silu if self.spec.activation == "silu" else gelu_tanh
+        return swiglu(x, m.layer(i, "w_gate"), m.layer(i, "w_up"), m.layer(i, "w_down"), act)
 
     def _moe(self, i: int, x: Tensor) -> Tensor:
         """Top-k routed SwiGLU experts (+ optional shared expert) for x [N, H]."""
@@ -190,7 +155,9 @@ class ReferenceForward:
         return self.ctx.all_reduce(t) if split else t
 
     def _logits(self, x: Tensor) -> Tensor:
-        return F.linear(rms_norm(x, self.model.get("norm"), self.spec.rms_norm_eps), self.model.get("lm_head"))
+        logits = F.linear(self._norm(x, "norm"), self.model.get("lm_head"))
+        cap = self.spec.final_logit_softcap
+        return torch.tanh(logits / cap) * cap if cap else logits
 
     # -- the seam ---------------------------------------------------------------------------
     def prefill(self, batch: PrefillBatch) -> Tensor:
@@ -198,26 +165,23 @@ class ReferenceForward:
             return self._prefill(batch)
 
     def _prefill(self, batch: PrefillBatch) -> Tensor:
-        spec, m = self.spec, self.model
-        eps = spec.rms_norm_eps
+        spec = self.spec
         extent = prefill_extent(batch.cu_seqlens, batch.seq_lens)
         token_slots = token_rows(batch.cu_seqlens, batch.slots, batch.tokens.shape[0])
         pages, rows = token_pages(self.block_table, token_slots, batch.positions, self.ctx.page_size)
-        x = F.embedding(batch.tokens, m.get("embed"))  # [T, H]
+        x = self._embed(batch.tokens)  # [T, H]
         for i in range(spec.num_layers):
-            q, k, v = self._qkv(i, rms_norm(x, m.layer(i, "attn_norm"), eps), batch.positions)
+            q, k, v = self._qkv(i, self._norm(x, f"layers.{i}.attn_norm"), batch.positions)
             self.k_cache[i][pages, :, rows] = k
             self.v_cache[i][pages, :, rows] = v
             out = prefill_attention(q, self.k_cache[i], self.v_cache[i], batch.cu_seqlens, batch.slots,
-                                    self.block_table, batch.seq_lens, extent, spec.window(i))
-            x = x + self._attention_sum(F.linear(out.flatten(1), m.layer(i, "wo")))
-            x = x + self._mlp_sum(self._mlp(i, rms_norm(x, m.layer(i, "mlp_norm"), eps)))
+                                    self.block_table, batch.seq_lens, extent, spec.window(i), spec.softmax_scale)
+            x = self._mlp_residual(i, self._attention_residual(i, x, out.flatten(1)))
         last = batch.cu_seqlens[1:] - 1
         return self._logits(x[last])
 
     def decode(self, batch: DecodeBatch) -> Tensor:
-        spec, m = self.spec, self.model
-        eps = spec.rms_norm_eps
+        spec = self.spec
         positions, slots = batch.positions, batch.slots
         # Eagerly, attend only over the longest live context; under CUDA-graph capture the
         # shape must be static, so attend over every page a slot may hold, with a mask.
@@ -226,15 +190,14 @@ class ReferenceForward:
         key_pos = torch.arange(table.shape[1] * self.ctx.page_size, device=positions.device)[None, :]
         masks = {w: window_mask(key_pos, positions[:, None], w) for w in {spec.window(i) for i in range(spec.num_layers)}}
         pages, rows = token_pages(self.block_table, slots, positions, self.ctx.page_size)
-        x = F.embedding(batch.tokens, m.get("embed"))  # [B, H]
+        x = self._embed(batch.tokens)  # [B, H]
         for i in range(spec.num_layers):
-            q, k, v = self._qkv(i, rms_norm(x, m.layer(i, "attn_norm"), eps), positions)
+            q, k, v = self._qkv(i, self._norm(x, f"layers.{i}.attn_norm"), positions)
             self.k_cache[i][pages, :, rows] = k
             self.v_cache[i][pages, :, rows] = v
             keys, values = gather_pages(self.k_cache[i], table), gather_pages(self.v_cache[i], table)
-            x = x + self._attention_sum(F.linear(decode_attention(q, keys, values, masks[spec.window(i)]),
-                                                 m.layer(i, "wo")))
-            x = x + self._mlp_sum(self._mlp(i, rms_norm(x, m.layer(i, "mlp_norm"), eps)))
+            out = decode_attention(q, keys, values, masks[spec.window(i)], spec.softmax_scale)
+            x = self._mlp_residual(i, self._attention_residual(i, x, out))
         return self._logits(x)
 
 
@@ -245,16 +208,17 @@ def window_mask(key_pos: Tensor, query_pos: Tensor, window: int) -> Tensor:
     return mask & (key_pos > query_pos - window) if window else mask
 
 
-def decode_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
+def decode_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scale: float | None = None) -> Tensor:
     """One query per sequence against its cached keys, GQA by grouping query heads per KV head.
 
-    q: [B, Hq, D]; keys, values: [B, Hkv, L, D]; mask: [B, L] bool (True = attend). Returns [B, Hq * D].
-    Plain matmuls: for a single query, SDPA's CPU kernels cost several times these three ops.
+    q: [B, Hq, D]; keys, values: [B, Hkv, L, D]; mask: [B, L] bool (True = attend); scale: of the logits (None:
+    1 / sqrt(D)). Returns [B, Hq * D]. Plain matmuls: for a single query, SDPA's CPU kernels cost several times these
+    three ops.
     """
     b, hq, d = q.shape
     hkv = keys.shape[1]
     qg = q.view(b, hkv, hq // hkv, d)  # query heads sharing one KV head are adjacent
-    scores = (qg @ keys.transpose(-1, -2)).float() * d**-0.5  # [B, Hkv, G, L]
+    scores = (qg @ keys.transpose(-1, -2)).float() * (scale or d**-0.5)  # [B, Hkv, G, L]
     scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(values.dtype)
     return (probs @ values).reshape(b, hq * d)
@@ -307,13 +271,15 @@ def prefill_extent(cu_seqlens: Tensor, starts: Tensor) -> PrefillExtent:
 
 
 def prefill_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens: Tensor, slots: Tensor,
-                      block_table: Tensor, starts: Tensor, extent: PrefillExtent, window: int = 0) -> Tensor:
+                      block_table: Tensor, starts: Tensor, extent: PrefillExtent, window: int = 0,
+                      scale: float | None = None) -> Tensor:
     """Causal attention of a packed prefill's queries over their slots' cached keys, which already hold the new
     ones: query j of sequence b sits at position starts[b] + j and sees keys 0..starts[b] + j (with a `window`, only
     the last `window` of those). Returns [T, Hq, D].
 
     q: [T, Hq, D] packed by cu_seqlens [B+1]; k_cache, v_cache: pools [pages, Hkv, page_size, D]; slots, starts:
-    [B]; block_table: the engine's [slots, pages_per_seq]; extent: `prefill_extent(cu_seqlens, starts)`. Each
+    [B]; block_table: the engine's [slots, pages_per_seq]; extent: `prefill_extent(cu_seqlens, starts)`; scale: of
+    the logits (None: 1 / sqrt(D)). Each
     slot's keys are gathered from its pages, then all sequences go through one scaled_dot_product_attention: a lone
     sequence without a window with lower-right causal alignment (flash attention, nothing materialised), otherwise
     padded to the longest one's queries with a mask of which keys each position sees.
@@ -327,7 +293,7 @@ def prefill_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens: T
     if b == 1 and not window:
         mask: Tensor | CausalBias = causal_lower_right(t, kv_len)
         return F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys, values, attn_mask=mask,
-                                              enable_gqa=True)[0].transpose(0, 1)
+                                              enable_gqa=True, scale=scale)[0].transpose(0, 1)
     seq = token_rows(cu_seqlens, torch.arange(b, device=q.device), t)  # [T] each token's sequence
     j = torch.arange(t, device=q.device) - cu_seqlens[seq]  # [T] its index in the sequence
     padded = q.new_zeros(b, max_new, hq, d)
@@ -335,12 +301,17 @@ def prefill_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens: T
     q_pos = starts[:, None] + torch.arange(max_new, device=q.device)[None, :]  # [B, M]
     mask = window_mask(torch.arange(kv_len, device=q.device)[None, None, :], q_pos[:, :, None], window)  # [B, M, L]
     out = F.scaled_dot_product_attention(padded.transpose(1, 2), keys, values, attn_mask=mask[:, None],
-                                         enable_gqa=True)  # [B, Hq, M, D]
+                                         enable_gqa=True, scale=scale)  # [B, Hq, M, D]
     return out.transpose(1, 2)[seq, j]
 
 
-def swiglu(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> Tensor:
-    return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
+def swiglu(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, act: Callable[[Tensor], Tensor] = F.silu) -> Tensor:
+    """The gated MLP: SwiGLU with silu, GeGLU with `gelu_tanh`."""
+    return F.linear(act(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
+
+
+def gelu_tanh(x: Tensor) -> Tensor:
+    return F.gelu(x, approximate="tanh")
 
 
 def route(

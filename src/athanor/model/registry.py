@@ -25,7 +25,8 @@ import torch
 from athanor.errors import ConfigError, ModelLoadError
 from athanor.model import cache
 from athanor.model.gguf_loader import read_gguf
-from athanor.model.hf import read_config, read_hf_dir, save_hf
+from athanor.model.hf import read_hf_dir, save_hf
+from athanor.model.hf_config import read_config
 from athanor.model.model import Model
 from athanor.model.presets import PRESETS
 from athanor.model.random_init import random_model

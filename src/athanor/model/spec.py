@@ -1,4 +1,4 @@
-"""Architecture specs: the dense Llama/Qwen family and its MoE cousins (Mixtral, Qwen3-MoE).
+"""Architecture specs: the dense Llama/Qwen family, its MoE cousins (Mixtral, Qwen3-MoE) and Gemma 3.
 
 A `ModelSpec` says everything a forward pass needs to know about shapes and numerics; the
 weights themselves live in `Model` under the canonical names that `weight_shapes` lists.
@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """Frequency scaling of RoPE, as HF configs' `rope_scaling` (`athanor.model.reference.rope_inv_freq`)."""
+    """Frequency scaling of RoPE, as HF configs' `rope_scaling` (`athanor.model.rope.rope_inv_freq`)."""
 
     factor: float = 8.0
     low_freq_factor: float = 1.0
@@ -72,11 +72,29 @@ class ModelSpec:
     """Biases on the q, k, v projections (Qwen2)."""
     moe: MoESpec | None = None
     family: str = "llama"
-    """The HF architecture family the spec was read from or is saved as: llama, qwen2, qwen3, mixtral, qwen3_moe."""
+    """The HF architecture family the spec was read from or is saved as: llama, qwen2, qwen3, mixtral, qwen3_moe,
+    gemma3_text, ..."""
     layer_windows: tuple[int, ...] = ()
     """Sliding-window attention: per layer, how many of the latest keys a query sees, its own among them (HF's
     `sliding_window` W: from position i, keys j with i - W < j <= i); 0 for a layer that sees every key. Empty: no
     layer has a window."""
+    local_rope_theta: float = 0.0
+    """RoPE base of the windowed layers, which take no `rope_scaling` (Gemma 3's local layers); 0: every layer
+    shares `rope_theta` and `rope_scaling`."""
+    # Gemma's numerics (Gemma 3); the defaults are Llama's.
+    norm_unit_offset: bool = False
+    """RMSNorm scales by (1 + weight), in fp32 before the cast back, rather than by weight after it."""
+    sandwich_norms: bool = False
+    """A norm on attention's output and on the MLP's output before each residual add (`attn_post_norm`,
+    `mlp_post_norm`), besides the norms on their inputs."""
+    embed_scale: float = 1.0
+    """Embeddings are multiplied by this (in the model's dtype) before the first layer: sqrt(hidden) for Gemma."""
+    activation: Literal["silu", "gelu_tanh"] = "silu"
+    """The dense MLP's gate activation: SwiGLU's silu, or GeGLU's tanh-approximated gelu."""
+    attn_scale: float = 0.0
+    """The attention logits' scale; 0: 1 / sqrt(head_dim). Gemma: 1 / sqrt(query_pre_attn_scalar)."""
+    final_logit_softcap: float = 0.0
+    """Logits become cap * tanh(logits / cap); 0: none."""
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -91,6 +109,21 @@ class ModelSpec:
     @property
     def windowed(self) -> bool:
         return any(self.layer_windows)
+
+    def rope_theta_of(self, layer: int) -> float:
+        return self.local_rope_theta if self.local_rope_theta and self.window(layer) else self.rope_theta
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.attn_scale or self.head_dim ** -0.5
+
+    def beyond_llama(self) -> list[str]:
+        """What this model computes that the Llama/Qwen numerics do not, by name (the fast template declines those)."""
+        names = {"sliding-window attention": self.windowed, "local RoPE bases": bool(self.local_rope_theta),
+                 "(1 + weight) norms": self.norm_unit_offset, "sandwich norms": self.sandwich_norms,
+                 "scaled embeddings": self.embed_scale != 1.0, f"{self.activation} MLPs": self.activation != "silu",
+                 "an attention scale": bool(self.attn_scale), "logit soft-capping": bool(self.final_logit_softcap)}
+        return [name for name, used in names.items() if used]
 
     @property
     def is_moe(self) -> bool:
@@ -154,6 +187,8 @@ def layer_weight_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
         "wo": (h, q_dim),
         "mlp_norm": (h,),
     }
+    if spec.sandwich_norms:
+        shapes.update(attn_post_norm=(h,), mlp_post_norm=(h,))
     if spec.attn_bias:
         shapes.update(bq=(q_dim,), bk=(kv_dim,), bv=(kv_dim,))
     if spec.qk_norm:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from athanor.model import BuildContext, DecodeBatch, make_prefill_batch
-from athanor.model.hf import layer_windows
+from athanor.model.hf_config import layer_windows
 from athanor.model.reference import build
 from athanor.model.registry import load_model
 

@@ -29,9 +29,10 @@ class FastForward:
 
     def __init__(self, model: Model, ctx: BuildContext) -> None:
         spec = model.spec
-        if spec.windowed:  # declined by name: its kernels would see every key, and the logits would be wrong
-            raise NotImplementedError(f"{spec.name}: sliding-window attention (windows {sorted(set(spec.layer_windows))}"
-                                      ") is not in this template's kernels; the reference forward serves this model")
+        beyond = spec.beyond_llama()
+        if beyond:  # declined by name: its kernels would compute Llama's numerics, and the logits would be wrong
+            raise NotImplementedError(f"{spec.name}: {', '.join(beyond)} not in this template's kernels; the "
+                                      "reference forward serves this model")
         self.model, self.spec, self.ctx = model, spec, ctx
         self.eps = spec.rms_norm_eps
         # A MoE loop has data-dependent shapes and host syncs: such a decode cannot be captured.
