@@ -8,6 +8,7 @@ Writing does the reverse, so `athanor save-random` produces a directory that HF 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -22,7 +23,7 @@ from athanor.model.tokenizer import Tokenizer, tokenizer_from_hf_dir
 _ATTN = {"input_layernorm.weight": "attn_norm", "post_attention_layernorm.weight": "mlp_norm",
          "self_attn.q_proj.weight": "wq", "self_attn.k_proj.weight": "wk", "self_attn.v_proj.weight": "wv",
          "self_attn.o_proj.weight": "wo", "self_attn.q_proj.bias": "bq", "self_attn.k_proj.bias": "bk",
-         "self_attn.v_proj.bias": "bv", "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm",
+         "self_attn.v_proj.bias": "bv", "self_attn.o_proj.bias": "bo", "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm",
          "mlp.gate_proj.weight": "w_gate", "mlp.up_proj.weight": "w_up", "mlp.down_proj.weight": "w_down",
          "mlp.gate.weight": "router", "block_sparse_moe.gate.weight": "router", "mlp.router_bias": "router_bias",
          "mlp.shared_expert.gate_proj.weight": "shared.w_gate", "mlp.shared_expert.up_proj.weight": "shared.w_up",
@@ -91,6 +92,10 @@ def read_hf_dir(
         if sorted(by_index) != list(range(len(by_index))):
             raise ModelLoadError(f"{directory}: experts of {name!r} are not numbered 0..{len(by_index) - 1}")
         weights[name] = torch.stack([by_index[e] for e in range(len(by_index))])
+    if spec.out_bias and "layers.0.bo" not in weights:
+        # HF starts an output bias its checkpoint lacks at zero: the same function as none (how athanor writes a
+        # spec with q/k/v biases only, as tiny-qwen, for a family whose attention_bias means all four).
+        spec = dataclasses.replace(spec, out_bias=False)
     model = Model(spec, weights, source=str(directory))
     model.validate(str(directory))
     return model, tokenizer_from_hf_dir(directory)

@@ -83,6 +83,9 @@ def refuse_unimplemented(cfg: dict[str, Any], family: str, path: Path) -> None:
     if kind not in _ROPE_TYPES:
         raise ModelLoadError(f"{path}: rope_scaling of type {kind!r} is not implemented (llama3, linear and yarn "
                              "are), and the logits would be wrong at every position; this model cannot be loaded yet")
+    if cfg.get("mlp_bias"):
+        raise ModelLoadError(f"{path}: mlp_bias true: biases in the MLP are not implemented; this model cannot be "
+                             "loaded yet")
     if int(cfg.get("decoder_sparse_step") or 1) != 1 or cfg.get("mlp_only_layers"):
         raise ModelLoadError(f"{path}: decoder_sparse_step {cfg.get('decoder_sparse_step')} / mlp_only_layers "
                              f"{cfg.get('mlp_only_layers')}: MoE layers interleaved with dense ones are not "
@@ -125,7 +128,8 @@ _ACTIVATIONS: dict[str, Literal["silu", "gelu_tanh"]] = {"silu": "silu", "gelu_p
 
 def layer_windows(cfg: dict[str, Any], family: str, num_layers: int, path: Path) -> tuple[int, ...]:
     """Each layer's attention window as transformers computes it from a config (0: every key): `layer_types` where
-    given; else Qwen's `use_sliding_window` for the layers from `max_window_layers` on; else (Mistral, Mixtral)
+    given; else Qwen's `use_sliding_window`, for the layers transformers' default `layer_types` names (from
+    `max_window_layers` on; Qwen2-MoE's every other one below it; Qwen3-MoE's all); else (Mistral, Mixtral)
     `sliding_window` on every layer. A window that covers the whole context is none, except in Gemma, whose windowed
     layers also have a RoPE of their own."""
     window = cfg.get("sliding_window")
@@ -138,9 +142,11 @@ def layer_windows(cfg: dict[str, Any], family: str, num_layers: int, path: Path)
         if len(types) != num_layers or any(t not in _LAYER_TYPES for t in types):
             raise ModelLoadError(f"{path}: layer_types must list {num_layers} of {', '.join(_LAYER_TYPES)}")
         sliding = [_LAYER_TYPES[t] for t in types]
-    elif family.startswith("qwen"):
+    elif family == "qwen3_moe":  # its attention reads sliding_window on every layer
+        sliding = [True] * num_layers
+    elif family.startswith("qwen"):  # transformers' default layer_types: Qwen2-MoE alternates below the bound
         first = int(cfg.get("max_window_layers", num_layers))
-        sliding = [i >= first for i in range(num_layers)]
+        sliding = [bool((i + 1) % 2) and i < first if family == "qwen2_moe" else i >= first for i in range(num_layers)]
     else:
         sliding = [True] * num_layers
     covers = int(window) >= int(cfg.get("max_position_embeddings", 4096)) and not family.startswith("gemma")
@@ -166,9 +172,10 @@ def spec_from_config(cfg: dict[str, Any], path: Path) -> ModelSpec:
     hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
     refuse_unimplemented(cfg, family, path)
     gemma = family == "gemma3_text"
-    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or ("gelu_pytorch_tanh" if gemma else "silu")
+    act_key = "hidden_activation" if cfg.get("hidden_activation") else "hidden_act"
+    act = cfg.get(act_key) or ("gelu_pytorch_tanh" if gemma else "silu")
     if act not in _ACTIVATIONS:
-        raise ModelLoadError(f"{path}: hidden_act {act!r} is not implemented (use one of {', '.join(_ACTIVATIONS)}); "
+        raise ModelLoadError(f"{path}: {act_key} {act!r} is not implemented (use one of {', '.join(_ACTIVATIONS)}); "
                              "this model cannot be loaded yet")
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     scaling = rope_scaling(rope, cfg, path)
@@ -195,7 +202,8 @@ def spec_from_config(cfg: dict[str, Any], path: Path) -> ModelSpec:
         max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qk_norm=bool(cfg.get("use_qk_norm", family in ("qwen3", "qwen3_moe", "gemma3_text"))),
-        attn_bias=bool(cfg.get("attention_bias", family in ("qwen2", "qwen2_moe"))),
+        attn_bias=bool(cfg.get("qkv_bias" if family == "qwen2_moe" else "attention_bias", family in _QKV_BIASED)),
+        out_bias=family not in _QKV_BIASED and bool(cfg.get("attention_bias")),
         moe=moe, family=family, layer_windows=layer_windows(cfg, family, int(need("num_hidden_layers")), path),
         local_rope_theta=local_theta, norm_unit_offset=gemma, sandwich_norms=gemma,
         embed_scale=hidden ** 0.5 if gemma else 1.0, activation=_ACTIVATIONS[act],
@@ -205,6 +213,9 @@ def spec_from_config(cfg: dict[str, Any], path: Path) -> ModelSpec:
 
 
 
+_QKV_BIASED = ("qwen2", "qwen2_moe")
+"""The families whose HF classes put biases on q, k and v only (Qwen2's always, Qwen2-MoE's as `qkv_bias` says);
+the others' `attention_bias` puts one on the output projection too."""
 _QK_NORM_FAMILIES = ("qwen3", "qwen3_moe", "gemma3_text")
 """The families whose HF classes norm q and k (always: the config has no switch for it)."""
 
@@ -229,7 +240,8 @@ def hf_config(spec: ModelSpec, dtype: torch.dtype, hf_exact: bool = True) -> dic
         "num_attention_heads": spec.num_heads, "num_key_value_heads": spec.num_kv_heads,
         "head_dim": spec.head_dim, "rope_theta": spec.rope_theta, "rms_norm_eps": spec.rms_norm_eps,
         "max_position_embeddings": spec.max_position_embeddings, "tie_word_embeddings": spec.tie_embeddings,
-        "attention_bias": spec.attn_bias, "hidden_act": "silu" if spec.activation == "silu" else "gelu_pytorch_tanh",
+        "attention_bias": spec.attn_bias if family in _QKV_BIASED else spec.attn_bias or spec.out_bias,
+        "qkv_bias": spec.attn_bias, "hidden_act": "silu" if spec.activation == "silu" else "gelu_pytorch_tanh",
         # Not read by HF for these families; written so that a round trip is exact.
         "use_qk_norm": spec.qk_norm,
         "torch_dtype": str(dtype).removeprefix("torch."),

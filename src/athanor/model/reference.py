@@ -101,6 +101,8 @@ class ReferenceForward:
     def _attention_residual(self, i: int, x: Tensor, out: Tensor) -> Tensor:
         """x plus attention's output `out` [N, Hq * D] projected (and normed, with sandwich norms)."""
         y = self._attention_sum(F.linear(out, self.model.layer(i, "wo")))
+        if self.spec.out_bias:
+            y = y + self.model.layer(i, "bo")
         return x + (self._norm(y, f"layers.{i}.attn_post_norm") if self.spec.sandwich_norms else y)
 
     def _mlp_residual(self, i: int, x: Tensor) -> Tensor:
@@ -126,6 +128,7 @@ class ReferenceForward:
         if self.routing_observer is not None:
             self.routing_observer(i, topk_ids)
         w_gate, w_up, w_down = m.layer(i, "experts.w_gate"), m.layer(i, "experts.w_up"), m.layer(i, "experts.w_down")
+        act = F.silu if self.spec.activation == "silu" else gelu_tanh
         # Under EP this rank holds a block of the experts (the first one `first`); the others' tokens are theirs.
         held = w_gate.shape[0]
         first = (self.ctx.rank % self.ctx.layout.ep) * held if held < moe.num_experts else 0
@@ -134,11 +137,11 @@ class ReferenceForward:
             if not first <= e < first + held:
                 continue
             token_idx, k_idx = torch.nonzero(topk_ids == e, as_tuple=True)
-            y = swiglu(x[token_idx], w_gate[e - first], w_up[e - first], w_down[e - first])
+            y = swiglu(x[token_idx], w_gate[e - first], w_up[e - first], w_down[e - first], act)
             out.index_add_(0, token_idx, y * topk_weights[token_idx, k_idx, None].to(x.dtype))
         # A shared expert whole on every rank (EP without TP) is added once, by the first.
         if moe.shared_intermediate_size and (self.ctx.layout.tp > 1 or self.ctx.rank % self.ctx.layout.ep == 0):
-            shared = swiglu(x, m.layer(i, "shared.w_gate"), m.layer(i, "shared.w_up"), m.layer(i, "shared.w_down"))
+            shared = swiglu(x, m.layer(i, "shared.w_gate"), m.layer(i, "shared.w_up"), m.layer(i, "shared.w_down"), act)
             if moe.shared_gate:
                 shared = torch.sigmoid(F.linear(x, m.layer(i, "shared.gate"))) * shared
             out = out + shared

@@ -70,6 +70,9 @@ class ModelSpec:
     """RMSNorm over each head of q and k before RoPE (Qwen3)."""
     attn_bias: bool = False
     """Biases on the q, k, v projections (Qwen2)."""
+    out_bias: bool = False
+    """A bias on attention's output projection (`bo`), added once after the layout's sum: Llama's, Qwen3's and
+    Gemma's `attention_bias` puts one there as well as on q, k and v."""
     moe: MoESpec | None = None
     family: str = "llama"
     """The HF architecture family the spec was read from or is saved as: llama, qwen2, qwen3, mixtral, qwen3_moe,
@@ -122,7 +125,8 @@ class ModelSpec:
         names = {"sliding-window attention": self.windowed, "local RoPE bases": bool(self.local_rope_theta),
                  "(1 + weight) norms": self.norm_unit_offset, "sandwich norms": self.sandwich_norms,
                  "scaled embeddings": self.embed_scale != 1.0, f"{self.activation} MLPs": self.activation != "silu",
-                 "an attention scale": bool(self.attn_scale), "logit soft-capping": bool(self.final_logit_softcap)}
+                 "an attention scale": bool(self.attn_scale), "logit soft-capping": bool(self.final_logit_softcap),
+                 "an output projection bias": self.out_bias}
         return [name for name, used in names.items() if used]
 
     @property
@@ -191,6 +195,8 @@ def layer_weight_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
         shapes.update(attn_post_norm=(h,), mlp_post_norm=(h,))
     if spec.attn_bias:
         shapes.update(bq=(q_dim,), bk=(kv_dim,), bv=(kv_dim,))
+    if spec.out_bias:
+        shapes["bo"] = (h,)
     if spec.qk_norm:
         shapes.update(q_norm=(d,), k_norm=(d,))
     moe = spec.moe
