@@ -77,19 +77,20 @@ _ROPE_TYPES = (None, "default", "llama3", "linear", "yarn")
 
 def refuse_unimplemented(cfg: dict[str, Any], family: str, path: Path) -> None:
     """A one-line ModelLoadError naming the config key, for what would load but compute other logits than HF's: a
-    RoPE scaling the reference does not implement, MoE layers interleaved with dense ones."""
+    RoPE scaling the reference does not implement, quantized weights, MLP biases."""
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     kind = rope.get("rope_type", rope.get("type"))
     if kind not in _ROPE_TYPES:
         raise ModelLoadError(f"{path}: rope_scaling of type {kind!r} is not implemented (llama3, linear and yarn "
                              "are), and the logits would be wrong at every position; this model cannot be loaded yet")
+    quant = cfg.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else quant
+        raise ModelLoadError(f"{path}: quantization_config ({method}): quantized checkpoints are not read (their "
+                             "weights would load as raw integers); use the unquantized model")
     if cfg.get("mlp_bias"):
         raise ModelLoadError(f"{path}: mlp_bias true: biases in the MLP are not implemented; this model cannot be "
                              "loaded yet")
-    if int(cfg.get("decoder_sparse_step") or 1) != 1 or cfg.get("mlp_only_layers"):
-        raise ModelLoadError(f"{path}: decoder_sparse_step {cfg.get('decoder_sparse_step')} / mlp_only_layers "
-                             f"{cfg.get('mlp_only_layers')}: MoE layers interleaved with dense ones are not "
-                             "implemented (every layer must be MoE); this model cannot be loaded yet")
 
 
 def rope_scaling(rope: dict[str, Any], cfg: dict[str, Any], path: Path) -> RopeScaling | None:
@@ -155,6 +156,13 @@ def layer_windows(cfg: dict[str, Any], family: str, num_layers: int, path: Path)
     return tuple(int(window) if s else 0 for s in sliding)
 
 
+def dense_layers(cfg: dict[str, Any], num_layers: int) -> tuple[int, ...]:
+    """The layers of a Qwen-MoE config whose MLP is dense, as transformers decides: those in `mlp_only_layers`, and
+    those whose number (from 1) `decoder_sparse_step` does not divide."""
+    step, only = int(cfg.get("decoder_sparse_step") or 1), set(cfg.get("mlp_only_layers") or ())
+    return tuple(i for i in range(num_layers) if i in only or (i + 1) % step)
+
+
 def spec_from_config(cfg: dict[str, Any], path: Path) -> ModelSpec:
     family = str(cfg.get("model_type", ""))
     local_theta = 0.0
@@ -205,6 +213,7 @@ def spec_from_config(cfg: dict[str, Any], path: Path) -> ModelSpec:
         attn_bias=bool(cfg.get("qkv_bias" if family == "qwen2_moe" else "attention_bias", family in _QKV_BIASED)),
         out_bias=family not in _QKV_BIASED and bool(cfg.get("attention_bias")),
         moe=moe, family=family, layer_windows=layer_windows(cfg, family, int(need("num_hidden_layers")), path),
+        dense_layers=dense_layers(cfg, int(need("num_hidden_layers"))) if moe else (),
         local_rope_theta=local_theta, norm_unit_offset=gemma, sandwich_norms=gemma,
         embed_scale=hidden ** 0.5 if gemma else 1.0, activation=_ACTIVATIONS[act],
         attn_scale=float(cfg["query_pre_attn_scalar"]) ** -0.5 if gemma else 0.0,
@@ -228,6 +237,8 @@ def hf_config(spec: ModelSpec, dtype: torch.dtype, hf_exact: bool = True) -> dic
     lacks = ""
     if spec.qk_norm != (family in _QK_NORM_FAMILIES):
         lacks = f"{'has no' if spec.qk_norm else 'always has'} q/k norms"
+    elif spec.dense_layers and family not in ("qwen2_moe", "qwen3_moe"):
+        lacks = "has no dense layers among MoE ones"
     elif spec.moe and spec.moe.shared_intermediate_size and family != "qwen2_moe":
         lacks = "has no shared expert (qwen2_moe has one)"
     if hf_exact and lacks:
@@ -264,7 +275,7 @@ def hf_config(spec: ModelSpec, dtype: torch.dtype, hf_exact: bool = True) -> dic
         key = "num_local_experts" if family == "mixtral" else "num_experts"
         cfg.update({key: m.num_experts, "num_experts_per_tok": m.top_k, "moe_intermediate_size": m.intermediate_size,
                     "norm_topk_prob": m.renormalize, "shared_expert_intermediate_size": m.shared_intermediate_size,
-                    "decoder_sparse_step": 1, "mlp_only_layers": [],
+                    "decoder_sparse_step": 1, "mlp_only_layers": list(spec.dense_layers),
                     "shared_expert_gate": m.shared_gate})
         if family == "mixtral":  # its experts are `intermediate_size` wide: it has no other MLP
             cfg["intermediate_size"] = m.intermediate_size

@@ -110,7 +110,7 @@ class ReferenceForward:
         return x + (self._norm(y, f"layers.{i}.mlp_post_norm") if self.spec.sandwich_norms else y)
 
     def _mlp(self, i: int, x: Tensor) -> Tensor:
-        if self.spec.moe is not None:
+        if self.spec.moe_layer(i):
             return self._moe(i, x)
         m = self.model
         act = F.silu if self.spec.activation == "silu" else gelu_tanh

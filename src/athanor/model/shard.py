@@ -27,6 +27,9 @@ def shard_spec(spec: ModelSpec, tp: int, ep: int = 1) -> ModelSpec:
     (each rank whole experts, a block of them; the router still scores all); a ConfigError naming the shape that
     does not divide."""
     moe = spec.moe
+    if spec.dense_layers and tp * ep > 1:  # a dense MLP among MoE ones would need its own cut and sum
+        raise ConfigError(f"{spec.name}: dense layers among MoE ones ({len(spec.dense_layers)}) are not split over "
+                          "ranks yet; use tp=1, ep=1")
     widths = [("num_attention_heads", spec.num_heads, tp)]
     if moe is None:
         widths.append(("intermediate_size", spec.intermediate_size, tp))

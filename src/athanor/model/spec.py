@@ -81,6 +81,9 @@ class ModelSpec:
     """Sliding-window attention: per layer, how many of the latest keys a query sees, its own among them (HF's
     `sliding_window` W: from position i, keys j with i - W < j <= i); 0 for a layer that sees every key. Empty: no
     layer has a window."""
+    dense_layers: tuple[int, ...] = ()
+    """In a MoE model, the layers whose MLP is dense (`intermediate_size` wide) instead: Qwen-MoE's
+    `decoder_sparse_step` and `mlp_only_layers`."""
     local_rope_theta: float = 0.0
     """RoPE base of the windowed layers, which take no `rope_scaling` (Gemma 3's local layers); 0: every layer
     shares `rope_theta` and `rope_scaling`."""
@@ -113,6 +116,9 @@ class ModelSpec:
     def windowed(self) -> bool:
         return any(self.layer_windows)
 
+    def moe_layer(self, layer: int) -> bool:
+        return self.moe is not None and layer not in self.dense_layers
+
     def rope_theta_of(self, layer: int) -> float:
         return self.local_rope_theta if self.local_rope_theta and self.window(layer) else self.rope_theta
 
@@ -126,7 +132,7 @@ class ModelSpec:
                  "(1 + weight) norms": self.norm_unit_offset, "sandwich norms": self.sandwich_norms,
                  "scaled embeddings": self.embed_scale != 1.0, f"{self.activation} MLPs": self.activation != "silu",
                  "an attention scale": bool(self.attn_scale), "logit soft-capping": bool(self.final_logit_softcap),
-                 "an output projection bias": self.out_bias}
+                 "an output projection bias": self.out_bias, "dense layers among MoE ones": bool(self.dense_layers)}
         return [name for name, used in names.items() if used]
 
     @property
@@ -137,7 +143,8 @@ class ModelSpec:
         windows = self.layer_windows
         if windows:  # the first layers' windows, or the pattern repeated where the cut model is longer
             windows = tuple(windows[i % len(windows)] for i in range(num_layers))
-        return dataclasses.replace(self, num_layers=num_layers, layer_windows=windows)
+        dense = tuple(i for i in self.dense_layers if i < num_layers)
+        return dataclasses.replace(self, num_layers=num_layers, layer_windows=windows, dense_layers=dense)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -150,6 +157,7 @@ class ModelSpec:
         if d.get("moe"):
             d["moe"] = MoESpec(**d["moe"])
         d["layer_windows"] = tuple(d.get("layer_windows") or ())
+        d["dense_layers"] = tuple(d.get("dense_layers") or ())
         return ModelSpec(**d)
 
     def num_params(self) -> int:
@@ -179,8 +187,8 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def layer_weight_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
-    """Canonical per-layer weight names (without the `layers.{i}.` prefix) and their shapes."""
+def layer_weight_shapes(spec: ModelSpec, layer: int = 0) -> dict[str, tuple[int, ...]]:
+    """Canonical weight names of layer `layer` (without the `layers.{i}.` prefix) and their shapes."""
     h, d = spec.hidden_size, spec.head_dim
     q_dim, kv_dim = spec.num_heads * d, spec.num_kv_heads * d
     shapes: dict[str, tuple[int, ...]] = {
@@ -199,7 +207,7 @@ def layer_weight_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
         shapes["bo"] = (h,)
     if spec.qk_norm:
         shapes.update(q_norm=(d,), k_norm=(d,))
-    moe = spec.moe
+    moe = spec.moe if spec.moe_layer(layer) else None
     if moe is None:
         i = spec.intermediate_size
         shapes.update(w_gate=(i, h), w_up=(i, h), w_down=(h, i))
@@ -225,9 +233,8 @@ def weight_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     allowed but not required.
     """
     shapes: dict[str, tuple[int, ...]] = {"embed": (spec.vocab_size, spec.hidden_size)}
-    per_layer = layer_weight_shapes(spec)
     for layer in range(spec.num_layers):
-        for name, shape in per_layer.items():
+        for name, shape in layer_weight_shapes(spec, layer).items():
             shapes[f"layers.{layer}.{name}"] = shape
     shapes["norm"] = (spec.hidden_size,)
     if not spec.tie_embeddings:
