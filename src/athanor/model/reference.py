@@ -24,6 +24,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from athanor.model import BuildContext, DecodeBatch, Model, PrefillBatch
+from athanor.model.dcp import attend as dcp_attend
+from athanor.model.dcp import kv_places
 from athanor.model.rope import apply_rope, rope_tables
 from athanor.model.seam import pages_for
 
@@ -69,6 +71,10 @@ class ReferenceForward:
         self.k_cache = [ctx.allocate(pool_shape) for _ in range(spec.num_layers)]
         self.v_cache = [ctx.allocate(pool_shape) for _ in range(spec.num_layers)]
         self.block_table = ctx.table
+        self.dcp = ctx.layout.dcp
+        if self.dcp > 1 and (ctx.layout.tp > 1 or ctx.world_size != self.dcp):
+            raise ValueError(f"dcp={self.dcp}: the reference splits the KV over all of its ranks, each with the whole "
+                             f"attention (tp=1 on {self.dcp} ranks), not tp={ctx.layout.tp} on {ctx.world_size}")
         self.routing_observer: Callable[[int, Tensor], None] | None = None
         """Called with (layer, topk_ids [N, top_k]) on every MoE layer; the engine records routing with it."""
 
@@ -162,6 +168,13 @@ class ReferenceForward:
         cap = self.spec.final_logit_softcap
         return torch.tanh(logits / cap) * cap if cap else logits
 
+    def _kv_places(self, slots: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """Where token positions[n] of slot slots[n] is written: its page and row (under DCP, of this rank's share)."""
+        if self.dcp > 1:
+            return kv_places(self.block_table, slots, positions, self.ctx.page_size, self.ctx.rank % self.dcp,
+                             self.dcp, self.ctx.num_pages)
+        return token_pages(self.block_table, slots, positions, self.ctx.page_size)
+
     # -- the seam ---------------------------------------------------------------------------
     def prefill(self, batch: PrefillBatch) -> Tensor:
         with sdpa_kernel(list(PREFILL_SDPA), set_priority=True):
@@ -171,14 +184,20 @@ class ReferenceForward:
         spec = self.spec
         extent = prefill_extent(batch.cu_seqlens, batch.seq_lens)
         token_slots = token_rows(batch.cu_seqlens, batch.slots, batch.tokens.shape[0])
-        pages, rows = token_pages(self.block_table, token_slots, batch.positions, self.ctx.page_size)
+        pages, rows = self._kv_places(token_slots, batch.positions)
         x = self._embed(batch.tokens)  # [T, H]
         for i in range(spec.num_layers):
             q, k, v = self._qkv(i, self._norm(x, f"layers.{i}.attn_norm"), batch.positions)
             self.k_cache[i][pages, :, rows] = k
             self.v_cache[i][pages, :, rows] = v
-            out = prefill_attention(q, self.k_cache[i], self.v_cache[i], batch.cu_seqlens, batch.slots,
-                                    self.block_table, batch.seq_lens, extent, spec.window(i), spec.softmax_scale)
+            if self.dcp > 1:
+                padded, q_pos, unpad = pad_queries(q, batch.cu_seqlens, batch.seq_lens, extent.max_new)
+                out = unpad(dcp_attend(padded.transpose(1, 2), q_pos, self.k_cache[i], self.v_cache[i],
+                                       self.block_table, batch.slots, self.ctx, spec.window(i),
+                                       spec.softmax_scale).transpose(1, 2))
+            else:
+                out = prefill_attention(q, self.k_cache[i], self.v_cache[i], batch.cu_seqlens, batch.slots,
+                                        self.block_table, batch.seq_lens, extent, spec.window(i), spec.softmax_scale)
             x = self._mlp_residual(i, self._attention_residual(i, x, out.flatten(1)))
         last = batch.cu_seqlens[1:] - 1
         return self._logits(x[last])
@@ -192,14 +211,18 @@ class ReferenceForward:
         table = slot_pages(self.block_table, slots, kv_len, self.ctx.page_size)  # [B, pages]
         key_pos = torch.arange(table.shape[1] * self.ctx.page_size, device=positions.device)[None, :]
         masks = {w: window_mask(key_pos, positions[:, None], w) for w in {spec.window(i) for i in range(spec.num_layers)}}
-        pages, rows = token_pages(self.block_table, slots, positions, self.ctx.page_size)
+        pages, rows = self._kv_places(slots, positions)
         x = self._embed(batch.tokens)  # [B, H]
         for i in range(spec.num_layers):
             q, k, v = self._qkv(i, self._norm(x, f"layers.{i}.attn_norm"), positions)
             self.k_cache[i][pages, :, rows] = k
             self.v_cache[i][pages, :, rows] = v
-            keys, values = gather_pages(self.k_cache[i], table), gather_pages(self.v_cache[i], table)
-            out = decode_attention(q, keys, values, masks[spec.window(i)], spec.softmax_scale)
+            if self.dcp > 1:
+                out = dcp_attend(q[:, :, None], positions[:, None], self.k_cache[i], self.v_cache[i],
+                                 self.block_table, slots, self.ctx, spec.window(i), spec.softmax_scale).flatten(1)
+            else:
+                keys, values = gather_pages(self.k_cache[i], table), gather_pages(self.v_cache[i], table)
+                out = decode_attention(q, keys, values, masks[spec.window(i)], spec.softmax_scale)
             x = self._mlp_residual(i, self._attention_residual(i, x, out))
         return self._logits(x)
 
@@ -287,7 +310,7 @@ def prefill_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens: T
     sequence without a window with lower-right causal alignment (flash attention, nothing materialised), otherwise
     padded to the longest one's queries with a mask of which keys each position sees.
     """
-    t, hq, d = q.shape
+    t = q.shape[0]
     b = slots.shape[0]
     max_new, kv_len = extent.max_new, extent.kv_len
     pages = slot_pages(block_table, slots, kv_len, k_cache.shape[2])
@@ -297,15 +320,24 @@ def prefill_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens: T
         mask: Tensor | CausalBias = causal_lower_right(t, kv_len)
         return F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys, values, attn_mask=mask,
                                               enable_gqa=True, scale=scale)[0].transpose(0, 1)
-    seq = token_rows(cu_seqlens, torch.arange(b, device=q.device), t)  # [T] each token's sequence
-    j = torch.arange(t, device=q.device) - cu_seqlens[seq]  # [T] its index in the sequence
-    padded = q.new_zeros(b, max_new, hq, d)
-    padded[seq, j] = q
-    q_pos = starts[:, None] + torch.arange(max_new, device=q.device)[None, :]  # [B, M]
+    padded, q_pos, unpad = pad_queries(q, cu_seqlens, starts, max_new)
     mask = window_mask(torch.arange(kv_len, device=q.device)[None, None, :], q_pos[:, :, None], window)  # [B, M, L]
     out = F.scaled_dot_product_attention(padded.transpose(1, 2), keys, values, attn_mask=mask[:, None],
                                          enable_gqa=True, scale=scale)  # [B, Hq, M, D]
-    return out.transpose(1, 2)[seq, j]
+    return unpad(out.transpose(1, 2))
+
+
+def pad_queries(q: Tensor, cu_seqlens: Tensor, starts: Tensor,
+                max_new: int) -> tuple[Tensor, Tensor, Callable[[Tensor], Tensor]]:
+    """Packed queries q [T, H, D] as one row per sequence, [B, max_new, H, D] (zero past a sequence's end), with
+    their positions [B, max_new] and the function that packs a padded result [B, max_new, ...] back to [T, ...]."""
+    t, b = q.shape[0], cu_seqlens.shape[0] - 1
+    seq = token_rows(cu_seqlens, torch.arange(b, device=q.device), t)  # [T] each token's sequence
+    j = torch.arange(t, device=q.device) - cu_seqlens[seq]  # [T] its index in the sequence
+    padded = q.new_zeros(b, max_new, *q.shape[1:])
+    padded[seq, j] = q
+    q_pos = starts[:, None] + torch.arange(max_new, device=q.device)[None, :]
+    return padded, q_pos, lambda out: out[seq, j]
 
 
 def swiglu(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, act: Callable[[Tensor], Tensor] = F.silu) -> Tensor:

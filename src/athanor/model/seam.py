@@ -28,8 +28,8 @@ from athanor.seams import pages_for as pages_for
 
 @dataclass(frozen=True)
 class Layout:
-    """A parallel layout: the reference forward runs TP, EP and DP shards (`athanor.model.shard`); `athanor plan`
-    ranks them all."""
+    """A parallel layout: the reference forward runs TP, EP and DP shards (`athanor.model.shard`) and DCP's split
+    KV (`athanor.model.dcp`); `athanor plan` ranks them all."""
 
     tp: int = 1
     """Tensor-parallel degree."""
@@ -130,6 +130,16 @@ class BuildContext:
 
             dist.all_reduce(t, group=self.group)
         return t
+
+    def all_gather(self, t: Tensor) -> Tensor:
+        """Every rank's `t`, stacked in rank order: [world_size, *t.shape] (`t[None]` on one device)."""
+        if self.world_size == 1:
+            return t[None]
+        import torch.distributed as dist
+
+        parts = [torch.empty_like(t) for _ in range(self.world_size)]
+        dist.all_gather(parts, t.contiguous(), group=self.group)
+        return torch.stack(parts)
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Layouts on the CPU: gloo ranks, each running the reference forward on its shard of a model
 (`athanor.model.shard`), give one device's logits for a packed prefill, a second chunk and decode steps. TP2 for
 a dense, a Qwen-style (q/k norms, biases, tied embeddings) and a MoE (shared expert with a gate) preset; TP4 over
-two KV heads (each repeated on two ranks); EP2 with replicated attention, TP2 with EP2 over the same ranks, and DP2
-replicas (no collective)."""
+two KV heads (each repeated on two ranks); EP2 with replicated attention, TP2 with EP2 over the same ranks, DP2
+replicas (no collective), and DCP2/DCP4 (each rank a share of every sequence's keys), alone and beside EP2."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def _script(model, ctx: BuildContext) -> torch.Tensor:  # type: ignore[no-untype
 
 def _rank(rank: int, layout: Layout, preset: str, rendezvous: str, out: str) -> None:
     torch.set_num_threads(1)
-    ranks = max(layout.tp * layout.dp, layout.ep)
+    ranks = _ranks(layout)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=ranks)
     try:
         model = random_model(load_spec(preset), seed=0, device=torch.device("cpu"), dtype=torch.float32)
@@ -50,22 +50,27 @@ def _rank(rank: int, layout: Layout, preset: str, rendezvous: str, out: str) -> 
         dist.destroy_process_group()
 
 
+def _ranks(layout: Layout) -> int:
+    return max(layout.tp * layout.dp, layout.ep, layout.dcp)
+
+
 SLOW = pytest.mark.slow  # the exhaustive variants: each start of the ranks costs seconds of imports
-LAYOUTS = [("tiny-qwen", Layout(tp=2)), ("tiny-moe", Layout(tp=2, ep=2)),
+LAYOUTS = [("tiny-qwen", Layout(tp=2)), ("tiny-moe", Layout(tp=2, ep=2)), ("tiny-dense", Layout(dcp=2)),
+           pytest.param("tiny-qwen", Layout(dcp=4), marks=SLOW), pytest.param("tiny-moe", Layout(ep=2, dcp=2), marks=SLOW),
            pytest.param("tiny-dense", Layout(tp=2), marks=SLOW), pytest.param("tiny-moe", Layout(tp=2), marks=SLOW),
            pytest.param("tiny-dense", Layout(tp=4), marks=SLOW), pytest.param("tiny-moe", Layout(ep=2), marks=SLOW),
            pytest.param("tiny-moe", Layout(dp=2), marks=SLOW)]
 
 
 @pytest.mark.parametrize(("preset", "layout"), LAYOUTS, ids=lambda v: v if isinstance(v, str) else
-                         f"tp{v.tp}-ep{v.ep}-dp{v.dp}")
+                         f"tp{v.tp}-ep{v.ep}-dp{v.dp}-dcp{v.dcp}")
 def test_layout_logits_equal_one_devices(tmp_path: Path, preset: str, layout: Layout) -> None:
     model = random_model(load_spec(preset), seed=0, device=torch.device("cpu"), dtype=torch.float32)
     with torch.no_grad():
         want = _script(model, BuildContext(torch.device("cpu"), torch.float32, max_seqs=2, max_seq_len=32))
     out = str(tmp_path / "logits")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the ranks talk over loopback only
-    ranks = max(layout.tp * layout.dp, layout.ep)
+    ranks = _ranks(layout)
     mp.start_processes(_rank, args=(layout, preset, str(tmp_path / "rendezvous"), out), nprocs=ranks, join=True,
                        start_method="spawn")
     bound = 1e-4 * want.abs().max().item()
@@ -81,3 +86,14 @@ def test_a_shape_that_does_not_divide_is_refused_by_name() -> None:
         shard_spec(load_spec("tiny-moe"), 1, ep=3)
     spec = shard_spec(load_spec("qwen3-30b-a3b"), 8)  # 4 KV heads over 8 ranks: one each, repeated
     assert (spec.num_heads, spec.num_kv_heads, spec.moe and spec.moe.intermediate_size) == (4, 1, 96)
+
+
+def test_under_dcp_a_rank_writes_only_its_share_of_the_tokens() -> None:
+    from athanor.model.dcp import kv_places
+    from athanor.model.seam import identity_block_table
+
+    table = identity_block_table(2, 16, 4, "cpu")  # slot 1's pages are 4..7
+    positions = torch.arange(8)
+    pages, rows = kv_places(table, torch.ones(8, dtype=torch.long), positions, 4, rank=1, dcp=2, scratch_page=99)
+    assert pages.tolist() == [99, 4, 99, 4, 99, 4, 99, 4]  # odd tokens, at local positions 0..3: one page
+    assert rows[1::2].tolist() == [0, 1, 2, 3]
