@@ -41,8 +41,44 @@ the one before; its vision tower and projector are not read."""
 _VISION = ("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.", "multi_modal_projector.")
 
 
+_GPT_OSS = {"self_attn.sinks": "sinks", "mlp.router.weight": "router", "mlp.router.bias": "router_logit_bias"}
+_PACKED = re.compile(r"^mlp\.experts\.(gate_up_proj|gate_up_proj_bias|down_proj|down_proj_bias)$")
+"""gpt-oss keeps each layer's experts as four tensors: gate and up interleaved by column, [E, H, 2I] and [E, 2I], and
+the down projection transposed, [E, I, H] and its bias [E, H]."""
+
+
 def _layer_names(family: str) -> dict[str, str]:
+    if family == "gpt_oss":
+        return {**_ATTN, **_GPT_OSS}
     return {**_ATTN, **_GEMMA_NORMS} if family.startswith("gemma") else _ATTN
+
+
+def _unpack_experts(weights: dict[str, torch.Tensor], num_layers: int) -> None:
+    """gpt-oss's packed experts (`_PACKED`) as athanor's [E, I, H] / [E, H, I] projections and their biases."""
+    for layer in range(num_layers):
+        names = [f"layers.{layer}.experts.packed.{k}" for k in
+                 ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")]
+        if not all(n in weights for n in names):
+            continue  # Model.validate names what is missing
+        gate_up, gate_up_bias, down, down_bias = (weights.pop(n) for n in names)
+        weights.update({f"layers.{layer}.experts.{k}": t.contiguous() for k, t in (
+            ("w_gate", gate_up[..., ::2].transpose(1, 2)), ("w_up", gate_up[..., 1::2].transpose(1, 2)),
+            ("w_down", down.transpose(1, 2)), ("b_gate", gate_up_bias[:, ::2]), ("b_up", gate_up_bias[:, 1::2]),
+            ("b_down", down_bias))})
+
+
+def _packed_experts(model: Model, layer: int) -> dict[str, torch.Tensor]:
+    """`_unpack_experts` undone for one layer: its experts under gpt-oss's names."""
+    get = model.layer
+    w_gate, w_up = get(layer, "experts.w_gate"), get(layer, "experts.w_up")
+    e, i, h = w_gate.shape
+    gate_up, gate_up_bias = w_gate.new_empty(e, h, 2 * i), w_gate.new_empty(e, 2 * i)
+    gate_up[..., ::2], gate_up[..., 1::2] = w_gate.transpose(1, 2), w_up.transpose(1, 2)
+    gate_up_bias[:, ::2], gate_up_bias[:, 1::2] = get(layer, "experts.b_gate"), get(layer, "experts.b_up")
+    prefix = f"model.layers.{layer}.mlp.experts."
+    return {prefix + "gate_up_proj": gate_up, prefix + "gate_up_proj_bias": gate_up_bias,
+            prefix + "down_proj": get(layer, "experts.w_down").transpose(1, 2).contiguous(),
+            prefix + "down_proj_bias": get(layer, "experts.b_down")}
 
 
 def _safetensors_files(directory: Path) -> list[Path]:
@@ -92,6 +128,8 @@ def read_hf_dir(
         if sorted(by_index) != list(range(len(by_index))):
             raise ModelLoadError(f"{directory}: experts of {name!r} are not numbered 0..{len(by_index) - 1}")
         weights[name] = torch.stack([by_index[e] for e in range(len(by_index))])
+    if spec.family == "gpt_oss":
+        _unpack_experts(weights, spec.num_layers)
     if spec.out_bias and "layers.0.bo" not in weights:
         # HF starts an output bias its checkpoint lacks at zero: the same function as none (how athanor writes a
         # spec with q/k/v biases only, as tiny-qwen, for a family whose attention_bias means all four).
@@ -113,6 +151,9 @@ def _canonical(hf_name: str, file: Path, family: str) -> tuple[str, int | None]:
         layer, rest = m.group(1), m.group(2)
         if rest in layer_names:
             return f"layers.{layer}.{layer_names[rest]}", None
+        packed = _PACKED.match(rest) if family == "gpt_oss" else None
+        if packed:
+            return f"layers.{layer}.experts.packed.{packed.group(1)}", None
         e = _EXPERT.match(rest)
         if e and e.group(2) in _EXPERT_PROJ:
             return f"layers.{layer}.experts.{_EXPERT_PROJ[e.group(2)]}", int(e.group(1))
@@ -132,7 +173,10 @@ def _hf_tensors(model: Model) -> dict[str, torch.Tensor]:
             out[top[name]] = t
             continue
         _, layer, rest = name.split(".", 2)
-        if rest.startswith("experts."):
+        if rest.startswith("experts.") and family == "gpt_oss":
+            if rest == "experts.w_gate":
+                out.update(_packed_experts(model, int(layer)))
+        elif rest.startswith("experts."):
             proj = rest.split(".")[1]
             hf_proj = {"w_gate": "w1", "w_up": "w3", "w_down": "w2"}[proj] if family == "mixtral" else \
                 {"w_gate": "gate_proj", "w_up": "up_proj", "w_down": "down_proj"}[proj]

@@ -17,7 +17,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-    "qwen2_moe": "Qwen2MoeForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM", "gemma3_text": "Gemma3ForCausalLM", "gpt_oss": "GptOssForCausalLM",
 }
 
 
@@ -143,6 +143,8 @@ def layer_windows(cfg: dict[str, Any], family: str, num_layers: int, path: Path)
         if len(types) != num_layers or any(t not in _LAYER_TYPES for t in types):
             raise ModelLoadError(f"{path}: layer_types must list {num_layers} of {', '.join(_LAYER_TYPES)}")
         sliding = [_LAYER_TYPES[t] for t in types]
+    elif family == "gpt_oss":  # transformers' default layer_types: windowed, full, windowed, ...
+        sliding = [bool((i + 1) % 2) for i in range(num_layers)]
     elif family == "qwen3_moe":  # its attention reads sliding_window on every layer
         sliding = [True] * num_layers
     elif family.startswith("qwen"):  # transformers' default layer_types: Qwen2-MoE alternates below the bound
@@ -179,7 +181,7 @@ def spec_from_config(cfg: dict[str, Any], path: Path) -> ModelSpec:
 
     hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
     refuse_unimplemented(cfg, family, path)
-    gemma = family == "gemma3_text"
+    gemma, gpt_oss = family == "gemma3_text", family == "gpt_oss"
     act_key = "hidden_activation" if cfg.get("hidden_activation") else "hidden_act"
     act = cfg.get(act_key) or ("gelu_pytorch_tanh" if gemma else "silu")
     if act not in _ACTIVATIONS:
@@ -195,9 +197,11 @@ def spec_from_config(cfg: dict[str, Any], path: Path) -> ModelSpec:
             num_experts=int(num_experts), top_k=int(need("num_experts_per_tok")),
             intermediate_size=int(cfg.get("moe_intermediate_size") or need("intermediate_size")),
             scoring="sigmoid" if cfg.get("scoring_func") == "sigmoid" else "softmax",
-            renormalize=bool(cfg.get("norm_topk_prob", family == "mixtral")),
+            renormalize=bool(cfg.get("norm_topk_prob", family in ("mixtral", "gpt_oss"))),
             shared_intermediate_size=shared,
             shared_gate=shared > 0 and bool(cfg.get("shared_expert_gate", family == "qwen2_moe")),
+            logit_bias=gpt_oss, expert_bias=gpt_oss, swiglu_limit=float(cfg.get("swiglu_limit") or 0.0) if gpt_oss else 0.0,
+            swiglu_alpha=float(cfg.get("swiglu_alpha") or 1.702),
         )
     return ModelSpec(
         name=str(cfg.get("_name_or_path") or cfg.get("athanor_name") or path.parent.name),
@@ -210,8 +214,9 @@ def spec_from_config(cfg: dict[str, Any], path: Path) -> ModelSpec:
         max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qk_norm=bool(cfg.get("use_qk_norm", family in ("qwen3", "qwen3_moe", "gemma3_text"))),
-        attn_bias=bool(cfg.get("qkv_bias" if family == "qwen2_moe" else "attention_bias", family in _QKV_BIASED)),
-        out_bias=family not in _QKV_BIASED and bool(cfg.get("attention_bias")),
+        attn_bias=bool(cfg.get("qkv_bias" if family == "qwen2_moe" else "attention_bias",
+                               family in _QKV_BIASED or gpt_oss)),
+        out_bias=family not in _QKV_BIASED and bool(cfg.get("attention_bias", gpt_oss)), attn_sinks=gpt_oss,
         moe=moe, family=family, layer_windows=layer_windows(cfg, family, int(need("num_hidden_layers")), path),
         dense_layers=dense_layers(cfg, int(need("num_hidden_layers"))) if moe else (),
         local_rope_theta=local_theta, norm_unit_offset=gemma, sandwich_norms=gemma,
@@ -268,17 +273,25 @@ def hf_config(spec: ModelSpec, dtype: torch.dtype, hf_exact: bool = True) -> dic
                      "attention_factor": s.attention_factor, "truncate": s.truncate,
                      "original_max_position_embeddings": s.original_max_position_embeddings},
         }[s.kind]
+    if spec.layer_windows:
+        cfg.update({"sliding_window": max(spec.layer_windows), "use_sliding_window": True, "max_window_layers": 0,
+                    "layer_types": ["sliding_attention" if spec.window(i) else "full_attention"
+                                    for i in range(spec.num_layers)]})
     if family == "gemma3_text":
         cfg.update(_gemma3_fields(spec))
+    if family == "gpt_oss":  # transformers 5 reads its RoPE from rope_parameters only
+        cfg["rope_parameters"] = {**cfg.pop("rope_scaling", {"rope_type": "default"}), "rope_theta": spec.rope_theta}
     if spec.moe:
         m = spec.moe
-        key = "num_local_experts" if family == "mixtral" else "num_experts"
+        key = "num_local_experts" if family in ("mixtral", "gpt_oss") else "num_experts"
         cfg.update({key: m.num_experts, "num_experts_per_tok": m.top_k, "moe_intermediate_size": m.intermediate_size,
                     "norm_topk_prob": m.renormalize, "shared_expert_intermediate_size": m.shared_intermediate_size,
                     "decoder_sparse_step": 1, "mlp_only_layers": list(spec.dense_layers),
                     "shared_expert_gate": m.shared_gate})
-        if family == "mixtral":  # its experts are `intermediate_size` wide: it has no other MLP
+        if family in ("mixtral", "gpt_oss"):  # its experts are `intermediate_size` wide: it has no other MLP
             cfg["intermediate_size"] = m.intermediate_size
+        if m.swiglu_limit:
+            cfg.update({"swiglu_limit": m.swiglu_limit, "swiglu_alpha": m.swiglu_alpha})
         if m.scoring == "sigmoid":
             cfg["scoring_func"] = "sigmoid"
     return cfg

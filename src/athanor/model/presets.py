@@ -5,6 +5,8 @@ The shapes are those of the published HF `config.json` of each model.
 
 from __future__ import annotations
 
+import math
+
 from athanor.errors import ConfigError
 from athanor.model.spec import ModelSpec, MoESpec, RopeScaling
 
@@ -50,6 +52,16 @@ PRESETS: dict[str, ModelSpec] = {
             layer_windows=tuple(0 if (i + 1) % 6 == 0 else 1024 for i in range(62)), local_rope_theta=10000.0,
             norm_unit_offset=True, sandwich_norms=True, embed_scale=5376 ** 0.5, activation="gelu_tanh",
             attn_scale=168 ** -0.5,
+        ),
+        ModelSpec(  # openai/gpt-oss-20b, unquantized: 32 experts of which 4 per token, windows of 128 on every other layer
+            name="gpt-oss-20b", vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_layers=24,
+            num_heads=64, num_kv_heads=8, head_dim=64, rope_theta=150000.0,
+            rope_scaling=RopeScaling(factor=32.0, original_max_position_embeddings=4096, kind="yarn", beta_fast=32.0,
+                                     beta_slow=1.0, attention_factor=0.1 * math.log(32.0) + 1.0, truncate=False),
+            rms_norm_eps=1e-5, max_position_embeddings=131072, attn_bias=True, out_bias=True, attn_sinks=True,
+            family="gpt_oss", layer_windows=tuple(128 if i % 2 == 0 else 0 for i in range(24)),
+            moe=MoESpec(num_experts=32, top_k=4, intermediate_size=2880, scoring="softmax", renormalize=True,
+                        logit_bias=True, expert_bias=True, swiglu_limit=7.0, swiglu_alpha=1.702),
         ),
         # Tiny presets for tests: every code path, in milliseconds.
         ModelSpec(

@@ -24,8 +24,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from athanor.model import BuildContext, DecodeBatch, Model, PrefillBatch
-from athanor.model.dcp import attend as dcp_attend
-from athanor.model.dcp import kv_places
+from athanor.model.partial_attention import attend as partial_attend
+from athanor.model.partial_attention import kv_places
 from athanor.model.rope import apply_rope, rope_tables
 from athanor.model.seam import pages_for
 
@@ -72,6 +72,8 @@ class ReferenceForward:
         self.v_cache = [ctx.allocate(pool_shape) for _ in range(spec.num_layers)]
         self.block_table = ctx.table
         self.dcp = ctx.layout.dcp
+        # Attention in parts (`athanor.model.partial_attention`): DCP's shares of the keys, or sinks beside them.
+        self.partial = self.dcp > 1 or spec.attn_sinks
         if self.dcp > 1 and (ctx.layout.tp > 1 or ctx.world_size != self.dcp):
             raise ValueError(f"dcp={self.dcp}: the reference splits the KV over all of its ranks, each with the whole "
                              f"attention (tp=1 on {self.dcp} ranks), not tp={ctx.layout.tp} on {ctx.world_size}")
@@ -127,23 +129,22 @@ class ReferenceForward:
         moe, m = self.spec.moe, self.model
         assert moe is not None
         topk_ids, topk_weights = route(
-            F.linear(x, m.layer(i, "router")),
+            F.linear(x, m.layer(i, "router"), m.layer(i, "router_logit_bias") if moe.logit_bias else None),
             moe.top_k, moe.scoring, moe.renormalize,
             m.weights.get(f"layers.{i}.router_bias"),
         )
         if self.routing_observer is not None:
             self.routing_observer(i, topk_ids)
-        w_gate, w_up, w_down = m.layer(i, "experts.w_gate"), m.layer(i, "experts.w_up"), m.layer(i, "experts.w_down")
         act = F.silu if self.spec.activation == "silu" else gelu_tanh
         # Under EP this rank holds a block of the experts (the first one `first`); the others' tokens are theirs.
-        held = w_gate.shape[0]
+        held = m.layer(i, "experts.w_gate").shape[0]
         first = (self.ctx.rank % self.ctx.layout.ep) * held if held < moe.num_experts else 0
         out = torch.zeros_like(x)
         for e in torch.unique(topk_ids).tolist():
             if not first <= e < first + held:
                 continue
             token_idx, k_idx = torch.nonzero(topk_ids == e, as_tuple=True)
-            y = swiglu(x[token_idx], w_gate[e - first], w_up[e - first], w_down[e - first], act)
+            y = self._expert(i, e - first, x[token_idx], act)
             out.index_add_(0, token_idx, y * topk_weights[token_idx, k_idx, None].to(x.dtype))
         # A shared expert whole on every rank (EP without TP) is added once, by the first.
         if moe.shared_intermediate_size and (self.ctx.layout.tp > 1 or self.ctx.rank % self.ctx.layout.ep == 0):
@@ -152,6 +153,20 @@ class ReferenceForward:
                 shared = torch.sigmoid(F.linear(x, m.layer(i, "shared.gate"))) * shared
             out = out + shared
         return out
+
+    def _expert(self, i: int, e: int, x: Tensor, act: Callable[[Tensor], Tensor]) -> Tensor:
+        """Expert e of layer i (this rank's e-th) on x [N, H]: SwiGLU, or gpt-oss's clamped one with biases."""
+        moe, m = self.spec.moe, self.model
+        assert moe is not None
+        w = {name: m.layer(i, f"experts.{name}")[e] for name in ("w_gate", "w_up", "w_down")}
+        b = {name: m.layer(i, f"experts.{name}")[e] if moe.expert_bias else None for name in ("b_gate", "b_up", "b_down")}
+        gate, up = F.linear(x, w["w_gate"], b["b_gate"]), F.linear(x, w["w_up"], b["b_up"])
+        if moe.swiglu_limit:
+            gate, up = gate.clamp(max=moe.swiglu_limit), up.clamp(-moe.swiglu_limit, moe.swiglu_limit)
+            hidden = (up + 1) * gate * torch.sigmoid(gate * moe.swiglu_alpha)
+        else:
+            hidden = act(gate) * up
+        return F.linear(hidden, w["w_down"], b["b_down"])
 
     # Layouts over several ranks (`athanor.model.shard`): TP leaves partial sums after attention's output
     # projection and the MLP's down projection, EP after the routed experts each rank holds; a DP replica's (or
@@ -167,6 +182,9 @@ class ReferenceForward:
         logits = F.linear(self._norm(x, "norm"), self.model.get("lm_head"))
         cap = self.spec.final_logit_softcap
         return torch.tanh(logits / cap) * cap if cap else logits
+
+    def _sinks(self, i: int) -> Tensor | None:
+        return self.model.layer(i, "sinks") if self.spec.attn_sinks else None
 
     def _kv_places(self, slots: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """Where token positions[n] of slot slots[n] is written: its page and row (under DCP, of this rank's share)."""
@@ -190,11 +208,11 @@ class ReferenceForward:
             q, k, v = self._qkv(i, self._norm(x, f"layers.{i}.attn_norm"), batch.positions)
             self.k_cache[i][pages, :, rows] = k
             self.v_cache[i][pages, :, rows] = v
-            if self.dcp > 1:
+            if self.partial:
                 padded, q_pos, unpad = pad_queries(q, batch.cu_seqlens, batch.seq_lens, extent.max_new)
-                out = unpad(dcp_attend(padded.transpose(1, 2), q_pos, self.k_cache[i], self.v_cache[i],
-                                       self.block_table, batch.slots, self.ctx, spec.window(i),
-                                       spec.softmax_scale).transpose(1, 2))
+                out = unpad(partial_attend(padded.transpose(1, 2), q_pos, self.k_cache[i], self.v_cache[i],
+                                           self.block_table, batch.slots, self.ctx, spec.window(i),
+                                           spec.softmax_scale, self._sinks(i)).transpose(1, 2))
             else:
                 out = prefill_attention(q, self.k_cache[i], self.v_cache[i], batch.cu_seqlens, batch.slots,
                                         self.block_table, batch.seq_lens, extent, spec.window(i), spec.softmax_scale)
@@ -217,9 +235,10 @@ class ReferenceForward:
             q, k, v = self._qkv(i, self._norm(x, f"layers.{i}.attn_norm"), positions)
             self.k_cache[i][pages, :, rows] = k
             self.v_cache[i][pages, :, rows] = v
-            if self.dcp > 1:
-                out = dcp_attend(q[:, :, None], positions[:, None], self.k_cache[i], self.v_cache[i],
-                                 self.block_table, slots, self.ctx, spec.window(i), spec.softmax_scale).flatten(1)
+            if self.partial:
+                out = partial_attend(q[:, :, None], positions[:, None], self.k_cache[i], self.v_cache[i],
+                                     self.block_table, slots, self.ctx, spec.window(i), spec.softmax_scale,
+                                     self._sinks(i)).flatten(1)
             else:
                 keys, values = gather_pages(self.k_cache[i], table), gather_pages(self.v_cache[i], table)
                 out = decode_attention(q, keys, values, masks[spec.window(i)], spec.softmax_scale)

@@ -29,7 +29,7 @@ from athanor.seams import pages_for as pages_for
 @dataclass(frozen=True)
 class Layout:
     """A parallel layout: the reference forward runs TP, EP and DP shards (`athanor.model.shard`) and DCP's split
-    KV (`athanor.model.dcp`); `athanor plan` ranks them all."""
+    KV (`athanor.model.partial_attention`); `athanor plan` ranks them all."""
 
     tp: int = 1
     """Tensor-parallel degree."""

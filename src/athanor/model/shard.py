@@ -30,6 +30,8 @@ def shard_spec(spec: ModelSpec, tp: int, ep: int = 1) -> ModelSpec:
     if spec.dense_layers and tp * ep > 1:  # a dense MLP among MoE ones would need its own cut and sum
         raise ConfigError(f"{spec.name}: dense layers among MoE ones ({len(spec.dense_layers)}) are not split over "
                           "ranks yet; use tp=1, ep=1")
+    if tp > 1 and (spec.attn_sinks or (moe and moe.expert_bias)):  # per-head sinks and biases need their own cuts
+        raise ConfigError(f"{spec.name}: attention sinks and expert biases are not split by TP yet; use tp=1")
     widths = [("num_attention_heads", spec.num_heads, tp)]
     if moe is None:
         widths.append(("intermediate_size", spec.intermediate_size, tp))
@@ -80,7 +82,7 @@ def shard_model(model: Model, rank: int, tp: int = 1, ep: int = 1) -> Model:
         "shared.w_gate": (0, shared), "shared.w_up": (0, shared), "shared.w_down": (1, shared),
     } if tp > 1 else {}
     if ep > 1:  # whole experts, a block of them
-        cut.update({f"experts.{w}": (0, experts) for w in ("w_gate", "w_up", "w_down")})
+        cut.update({f"experts.{w}": (0, experts) for w in ("w_gate", "w_up", "w_down", "b_gate", "b_up", "b_down")})
     elif tp > 1:
         cut.update({"experts.w_gate": (1, inner), "experts.w_up": (1, inner), "experts.w_down": (2, inner)})
     weights: dict[str, Tensor] = {}

@@ -46,6 +46,15 @@ class MoESpec:
     """Width of an always-on shared expert; 0 means none."""
     shared_gate: bool = False
     """The shared expert's output is scaled by sigmoid(x @ shared_gate) (Qwen2-MoE style)."""
+    logit_bias: bool = False
+    """The router adds a bias (`router_logit_bias` [E]) to its logits, moving both the choice and the weights
+    (gpt-oss); unlike `router_bias`, the offset athanor replays measured routing with, which moves the choice only."""
+    expert_bias: bool = False
+    """Each expert's projections have biases (`experts.b_gate`, `b_up` [E, I], `b_down` [E, H]; gpt-oss)."""
+    swiglu_limit: float = 0.0
+    """gpt-oss's clamped SwiGLU: gate clamped above at the limit and up to +-limit, then (up + 1) * gate *
+    sigmoid(swiglu_alpha * gate); 0: SwiGLU."""
+    swiglu_alpha: float = 1.702
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,8 @@ class ModelSpec:
     """RMSNorm over each head of q and k before RoPE (Qwen3)."""
     attn_bias: bool = False
     """Biases on the q, k, v projections (Qwen2)."""
+    attn_sinks: bool = False
+    """A learned logit per query head (`sinks` [Hq]) in every softmax of attention, with no value (gpt-oss)."""
     out_bias: bool = False
     """A bias on attention's output projection (`bo`), added once after the layout's sum: Llama's, Qwen3's and
     Gemma's `attention_bias` puts one there as well as on q, k and v."""
@@ -132,7 +143,10 @@ class ModelSpec:
                  "(1 + weight) norms": self.norm_unit_offset, "sandwich norms": self.sandwich_norms,
                  "scaled embeddings": self.embed_scale != 1.0, f"{self.activation} MLPs": self.activation != "silu",
                  "an attention scale": bool(self.attn_scale), "logit soft-capping": bool(self.final_logit_softcap),
-                 "an output projection bias": self.out_bias, "dense layers among MoE ones": bool(self.dense_layers)}
+                 "an output projection bias": self.out_bias, "dense layers among MoE ones": bool(self.dense_layers),
+                 "attention sinks": self.attn_sinks,
+                 "gpt-oss experts": bool(self.moe and (self.moe.logit_bias or self.moe.expert_bias
+                                                       or self.moe.swiglu_limit))}
         return [name for name, used in names.items() if used]
 
     @property
@@ -205,6 +219,8 @@ def layer_weight_shapes(spec: ModelSpec, layer: int = 0) -> dict[str, tuple[int,
         shapes.update(bq=(q_dim,), bk=(kv_dim,), bv=(kv_dim,))
     if spec.out_bias:
         shapes["bo"] = (h,)
+    if spec.attn_sinks:
+        shapes["sinks"] = (spec.num_heads,)
     if spec.qk_norm:
         shapes.update(q_norm=(d,), k_norm=(d,))
     moe = spec.moe if spec.moe_layer(layer) else None
@@ -217,6 +233,10 @@ def layer_weight_shapes(spec: ModelSpec, layer: int = 0) -> dict[str, tuple[int,
         shapes["experts.w_gate"] = (e, i, h)
         shapes["experts.w_up"] = (e, i, h)
         shapes["experts.w_down"] = (e, h, i)
+        if moe.logit_bias:
+            shapes["router_logit_bias"] = (e,)
+        if moe.expert_bias:
+            shapes.update({"experts.b_gate": (e, i), "experts.b_up": (e, i), "experts.b_down": (e, h)})
         if moe.shared_intermediate_size:
             s = moe.shared_intermediate_size
             shapes.update({"shared.w_gate": (s, h), "shared.w_up": (s, h), "shared.w_down": (h, s)})

@@ -25,6 +25,8 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {  # config class, the tiny sh
     "qwen3_moe": ("Qwen3MoeConfig", {"head_dim": 16, **MOE}),
     "qwen2_moe": ("Qwen2MoeConfig", {**MOE, "shared_expert_intermediate_size": 48}),
     "gemma3_text": ("Gemma3TextConfig", {"head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 6}),
+    "gpt_oss": ("GptOssConfig", {"head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 6,
+                                 "intermediate_size": 32, "swiglu_limit": 0.5}),
 }
 FRAMEWORK = {"architectures", "model_type", "transformers_version", "dtype", "torch_dtype", "_name_or_path", "id2label",
              "label2id", "problem_type", "return_dict", "output_hidden_states", "output_attentions", "is_encoder_decoder",

@@ -171,3 +171,37 @@ def test_the_fast_template_declines_gemma_naming_what_it_lacks(tmp_path: Path) -
     exec(compile(render("fast", {}), "fast.py", "exec"), namespace)
     with pytest.raises(NotImplementedError, match=r"\(1 \+ weight\) norms, sandwich norms, scaled embeddings"):
         namespace["build"](model, BuildContext(torch.device("cpu"), torch.float32, max_seqs=1, max_seq_len=16))
+
+
+def _hf_gpt_oss():  # type: ignore[no-untyped-def]
+    import transformers
+
+    config = transformers.GptOssConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
+        max_position_embeddings=64, swiglu_limit=0.5,  # a limit the random activations reach, so the clamp shows
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 16, "rope_theta": 10000.0})
+    torch.manual_seed(0)
+    model = transformers.GptOssForCausalLM(config).eval()
+    with torch.no_grad():  # HF starts biases at zero and sinks small: move every weight off its start
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return model
+
+
+def test_gpt_oss_matches_hf(tmp_path: Path) -> None:
+    """Attention sinks, biases on q, k, v and o, alternating windows, YaRN without truncation, a router with a bias
+    softmaxed over its top k, experts with biases and the clamped SwiGLU, packed gate/up tensors."""
+    hf = _hf_gpt_oss()
+    hf.save_pretrained(tmp_path / "hf")
+    model = load_model(str(tmp_path / "hf"))
+    spec = model.spec
+    assert spec.attn_sinks and spec.out_bias and spec.layer_windows == (WINDOW, 0, WINDOW)
+    assert spec.moe is not None and spec.moe.expert_bias and spec.moe.logit_bias and spec.moe.swiglu_limit == 0.5
+    _assert_matches_hf(hf, model)
+    save_hf(model, tmp_path / "ours")  # and back: the packed experts written as HF reads them
+    import transformers
+
+    again = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "ours"), dtype=torch.float32).eval()
+    _assert_matches_hf(again, model)

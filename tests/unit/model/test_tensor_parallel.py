@@ -89,7 +89,7 @@ def test_a_shape_that_does_not_divide_is_refused_by_name() -> None:
 
 
 def test_under_dcp_a_rank_writes_only_its_share_of_the_tokens() -> None:
-    from athanor.model.dcp import kv_places
+    from athanor.model.partial_attention import kv_places
     from athanor.model.seam import identity_block_table
 
     table = identity_block_table(2, 16, 4, "cpu")  # slot 1's pages are 4..7

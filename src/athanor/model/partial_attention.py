@@ -1,9 +1,12 @@
-"""Decode context parallelism (DCP) for the reference forward: the keys and values of every sequence split over
-`layout.dcp` ranks, token p on rank p % dcp at its local position p // dcp, so a long context's KV memory and the
-attention reading it divide by the degree. Every rank holds the whole attention (its q, k and v for every token);
-each attends over its own share of the keys, and the shares' partial results (the attention output and the log of
-its softmax denominator, per query and head) are all-gathered and combined exactly as one softmax over every key
-would have weighed them."""
+"""Attention as partial softmaxes combined, for the reference forward: each part's output and the log of its softmax
+denominator, per query and head, weighed together exactly as one softmax over every key would.
+
+- Decode context parallelism (DCP): the keys and values of every sequence split over `layout.dcp` ranks, token p on
+  rank p % dcp at its local position p // dcp, so a long context's KV memory and the attention reading it divide by
+  the degree. Every rank holds the whole attention (its q, k and v for every token), attends over its own share
+  of the keys, and the shares' parts are all-gathered.
+- Attention sinks (gpt-oss): a learned logit per head that joins every query's softmax with no value, so it only
+  adds to the denominator."""
 
 from __future__ import annotations
 
@@ -23,9 +26,10 @@ def kv_places(block_table: Tensor, slots: Tensor, positions: Tensor, page_size: 
 
 
 def attend(q: Tensor, q_pos: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, slots: Tensor,
-           ctx: BuildContext, window: int, scale: float) -> Tensor:
+           ctx: BuildContext, window: int, scale: float, sinks: Tensor | None = None) -> Tensor:
     """Causal attention of queries q [B, Hq, M, D] at positions q_pos [B, M] of their slots [B] over the keys the
-    DCP ranks hold together (with a `window`, only the last `window` of them): [B, Hq, M, D]."""
+    DCP ranks hold together (with a `window`, only the last `window` of them; with `sinks` [Hq], each head's sink
+    logit in its softmax): [B, Hq, M, D]."""
     dcp, rank = ctx.layout.dcp, ctx.rank % ctx.layout.dcp
     page_size = k_cache.shape[2]
     local_len = max((int(q_pos.max()) - rank) // dcp + 1, 1)
@@ -37,7 +41,8 @@ def attend(q: Tensor, q_pos: Tensor, k_cache: Tensor, v_cache: Tensor, block_tab
     if window:
         mask &= key_pos[None, None, :] > q_pos[:, :, None] - window
     out, lse = _partial(q, keys, values, mask, scale)
-    return _combine(ctx.all_gather(out), ctx.all_gather(lse)).to(q.dtype)
+    outs, lses = (ctx.all_gather(out), ctx.all_gather(lse)) if dcp > 1 else (out[None], lse[None])
+    return _combine(outs, lses, sinks).to(q.dtype)
 
 
 def _gather(pool: Tensor, pages: Tensor) -> Tensor:
@@ -59,7 +64,14 @@ def _partial(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scale: float
     return out.reshape(b, hq, m, d), lse.reshape(b, hq, m)
 
 
-def _combine(outs: Tensor, lses: Tensor) -> Tensor:
-    """One softmax's output from the shares' [R, B, Hq, M, D] outputs and [R, B, Hq, M] log-denominators."""
-    weights = torch.exp(lses - lses.max(dim=0).values)[..., None]  # a query's own key is on some rank: max finite
-    return (weights * outs).sum(0) / weights.sum(0)
+def _combine(outs: Tensor, lses: Tensor, sinks: Tensor | None) -> Tensor:
+    """One softmax's output from the shares' [R, B, Hq, M, D] outputs and [R, B, Hq, M] log-denominators, and the
+    sinks' [Hq] logits, which add to the denominator only."""
+    top = lses.max(dim=0).values  # a query's own key is on some rank: finite
+    if sinks is not None:
+        top = torch.maximum(top, sinks.float()[None, :, None])
+    weights = torch.exp(lses - top)[..., None]
+    denominator = weights.sum(0)
+    if sinks is not None:
+        denominator = denominator + torch.exp(sinks.float()[None, :, None] - top)[..., None]
+    return (weights * outs).sum(0) / denominator
