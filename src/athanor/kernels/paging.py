@@ -6,7 +6,7 @@ of slot s is row p % page_size of page block_table[s, p // page_size]. Entries p
 page and are only ever read under a mask.
 
 A sequence's keys are a view of the pool only where its pages are consecutive and the layout runs a page's last row
-straight into the next page's first (`reference.merges_pages`: token-major storage [pages, page_size, Hkv, D] passed as
+straight into the next page's first (`athanor.model.attention.merges_pages`: token-major storage [pages, page_size, Hkv, D] passed as
 `.transpose(1, 2)`); elsewhere they are gathered (`gather_kv`, one copy).
 """
 
@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from athanor.kernels.dispatch import cdiv
-from athanor.model.reference import gather_pages, slot_pages
+from athanor.model.attention import gather_pages, slot_pages
 
 
 def gather_kv(cache: Tensor, block_table: Tensor, slots: Tensor, length: int) -> Tensor:
@@ -42,7 +42,7 @@ def page_runs(block_table: Tensor, rows: list[int], lens: list[int], page_size: 
 
 def run_view(cache: Tensor, first_page: int, length: int) -> Tensor:
     """Tokens 0 .. length - 1 of a sequence whose pages run from `first_page` on, as a view [Hkv, length, D] of a pool
-    that `reference.merges_pages`."""
+    that `athanor.model.attention.merges_pages`."""
     page_size = cache.shape[2]
     tokens = cache.transpose(1, 2)[first_page:first_page + cdiv(length, page_size)].flatten(0, 1)  # [T, Hkv, D]
     return tokens[:length].transpose(0, 1)

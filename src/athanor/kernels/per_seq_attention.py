@@ -2,7 +2,7 @@
 
 The batched fallback (`attention.decode_attention_torch`) gathers every row's pages up to the
 longest context: a copy of B x L x heads x D per layer, read twice more by the two matmuls. Where
-a sequence's pages are consecutive and the pool is token-major (`reference.merges_pages`), its keys
+a sequence's pages are consecutive and the pool is token-major (`athanor.model.attention.merges_pages`), its keys
 are a view of the pool, so this reads each sequence's keys once and only up to its own length;
 elsewhere it gathers that sequence's own pages (`paging.gather_pages`). It loops over the batch on
 the host (`.tolist()`) and reads the block table there, so it is not CUDA-graph safe: it is the
@@ -23,7 +23,7 @@ from torch import Tensor
 
 from athanor.kernels.dispatch import cdiv
 from athanor.kernels.paging import page_runs, run_view
-from athanor.model.reference import decode_attention, gather_pages, merges_pages
+from athanor.model.attention import decode_attention, gather_pages, merges_pages
 
 MAX_PADDING = 0.25
 """Largest share of masked-out keys the batched view path may read (else: one row at a time)."""

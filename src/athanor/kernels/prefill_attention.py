@@ -5,7 +5,7 @@ The caller writes the chunks' keys and values into their pages first; query j of
 starts[b] + j and sees keys 0..starts[b] + j of slot slots[b]. One call serves fresh prompts and later chunks of
 long ones alike, all sequences at once. The Triton path (`jit/prefill_attention.py`) is a flash-attention kernel
 reading the pool in place through the block table; the fallback is the reference's
-(`athanor.model.reference.prefill_attention`).
+(`athanor.model.attention.prefill_attention`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 
 from athanor.kernels.dispatch import Impl, cdiv, check_choice, next_pow2, use_triton
-from athanor.model.reference import PrefillExtent
-from athanor.model.reference import prefill_attention as prefill_attention_torch
+from athanor.model.attention import PrefillExtent
+from athanor.model.attention import prefill_attention as prefill_attention_torch
 
 BLOCKS = (16, 32, 64, 128)
 """The query and key tile sizes `prefill_attention(block_m=, block_n=)` may set."""
@@ -34,7 +34,7 @@ def prefill_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens: T
     (page_size a power of two; the last page scratch), any strides with a contiguous head_dim (a token-major pool
     as a transposed view); slots, starts: [B] int64; block_table: [num_slots, pages_per_seq] int32, key p of slot s
     in page block_table[s, p // page_size], row p % page_size (entries past a sequence's length are never read);
-    extent: `reference.prefill_extent(cu_seqlens, starts)` (its longest sequence sizes the grid). How the Triton
+    extent: `attention.prefill_extent(cu_seqlens, starts)` (its longest sequence sizes the grid). How the Triton
     kernel runs (no value changes beyond the online softmax's rounding): `block_m` queries and `block_n` keys a tile
     (each one of `BLOCKS`, whatever the page size), `num_warps` (one of `WARPS`) and `num_stages` of software
     pipelining. The defaults are the fastest tiles tried for head_dim 128 in 16-bit dtypes on Hopper

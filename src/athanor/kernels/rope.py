@@ -13,7 +13,7 @@ from torch import Tensor
 
 from athanor.kernels.dispatch import Impl, pdl, use_triton
 from athanor.kernels.norm import rms_norm_torch
-from athanor.model.reference import token_pages
+from athanor.model.attention import token_pages
 
 
 @dataclass(frozen=True)

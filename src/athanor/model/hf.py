@@ -47,9 +47,19 @@ _PACKED = re.compile(r"^mlp\.experts\.(gate_up_proj|gate_up_proj_bias|down_proj|
 the down projection transposed, [E, I, H] and its bias [E, H]."""
 
 
+_DEEPSEEK = {"self_attn.q_a_proj.weight": "q_a", "self_attn.q_a_layernorm.weight": "q_a_norm",
+             "self_attn.q_b_proj.weight": "q_b", "self_attn.kv_a_proj_with_mqa.weight": "kv_a",
+             "self_attn.kv_a_layernorm.weight": "kv_a_norm", "self_attn.kv_b_proj.weight": "kv_b",
+             "mlp.gate.e_score_correction_bias": "router_bias", "mlp.shared_experts.gate_proj.weight": "shared.w_gate",
+             "mlp.shared_experts.up_proj.weight": "shared.w_up", "mlp.shared_experts.down_proj.weight": "shared.w_down"}
+"""DeepSeek's multi-head latent attention, its router's choice-only bias and its shared experts (plural)."""
+
+
 def _layer_names(family: str) -> dict[str, str]:
     if family == "gpt_oss":
         return {**_ATTN, **_GPT_OSS}
+    if family == "deepseek_v3":
+        return {**_ATTN, **_DEEPSEEK}
     return {**_ATTN, **_GEMMA_NORMS} if family.startswith("gemma") else _ATTN
 
 

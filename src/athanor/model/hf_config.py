@@ -11,13 +11,14 @@ from typing import Any, Literal
 import torch
 
 from athanor.errors import ConfigError, ModelLoadError
-from athanor.model.spec import ModelSpec, MoESpec, RopeScaling
+from athanor.model.spec import MLASpec, ModelSpec, MoESpec, RopeScaling
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM", "gemma3_text": "Gemma3ForCausalLM", "gpt_oss": "GptOssForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
 }
 
 
@@ -162,7 +163,28 @@ def dense_layers(cfg: dict[str, Any], num_layers: int) -> tuple[int, ...]:
     """The layers of a Qwen-MoE config whose MLP is dense, as transformers decides: those in `mlp_only_layers`, and
     those whose number (from 1) `decoder_sparse_step` does not divide."""
     step, only = int(cfg.get("decoder_sparse_step") or 1), set(cfg.get("mlp_only_layers") or ())
-    return tuple(i for i in range(num_layers) if i in only or (i + 1) % step)
+    first = int(cfg.get("first_k_dense_replace") or 0)  # DeepSeek's: its first layers are dense
+    return tuple(i for i in range(num_layers) if i < first or i in only or (i + 1) % step)
+
+
+def mla_fields(cfg: dict[str, Any], path: Path) -> tuple[MLASpec, int, float]:
+    """A DeepSeek config's multi-head latent attention, its heads' key width, and its softmax scale (YaRN's
+    `mscale_all_dim` folded in twice, as transformers does)."""
+    if cfg.get("attention_bias"):
+        raise ModelLoadError(f"{path}: attention_bias true: biases in multi-head latent attention are not "
+                             "implemented; this model cannot be loaded yet")
+    try:
+        mla = MLASpec(kv_rank=int(cfg["kv_lora_rank"]), q_rank=int(cfg.get("q_lora_rank") or 0),
+                      nope_dim=int(cfg["qk_nope_head_dim"]), rope_dim=int(cfg["qk_rope_head_dim"]),
+                      v_dim=int(cfg["v_head_dim"]), interleave=bool(cfg.get("rope_interleave", True)))
+    except KeyError as e:
+        raise ModelLoadError(f"{path}: field {e.args[0]!r} is missing") from None
+    head_dim = mla.nope_dim + mla.rope_dim
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    scale = head_dim ** -0.5
+    if rope.get("rope_type", rope.get("type", "default")) != "default" and rope.get("mscale_all_dim"):
+        scale *= yarn_mscale(float(rope["factor"]), float(rope["mscale_all_dim"])) ** 2
+    return mla, head_dim, scale
 
 
 def spec_from_config(cfg: dict[str, Any], path: Path) -> ModelSpec:
@@ -190,25 +212,31 @@ def spec_from_config(cfg: dict[str, Any], path: Path) -> ModelSpec:
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     scaling = rope_scaling(rope, cfg, path)
     moe = None
-    num_experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    num_experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts")
+    deepseek = family == "deepseek_v3"
+    mla, head_dim, attn_scale = mla_fields(cfg, path) if deepseek else (None, 0, 0.0)
     if num_experts:
-        shared = int(cfg.get("shared_expert_intermediate_size") or 0)
+        shared = int(cfg.get("shared_expert_intermediate_size")
+                     or int(cfg.get("n_shared_experts") or 0) * int(cfg.get("moe_intermediate_size") or 0))
         moe = MoESpec(
             num_experts=int(num_experts), top_k=int(need("num_experts_per_tok")),
             intermediate_size=int(cfg.get("moe_intermediate_size") or need("intermediate_size")),
-            scoring="sigmoid" if cfg.get("scoring_func") == "sigmoid" else "softmax",
+            scoring="sigmoid" if cfg.get("scoring_func") == "sigmoid" or deepseek else "softmax",
             renormalize=bool(cfg.get("norm_topk_prob", family in ("mixtral", "gpt_oss"))),
             shared_intermediate_size=shared,
             shared_gate=shared > 0 and bool(cfg.get("shared_expert_gate", family == "qwen2_moe")),
             logit_bias=gpt_oss, expert_bias=gpt_oss, swiglu_limit=float(cfg.get("swiglu_limit") or 0.0) if gpt_oss else 0.0,
             swiglu_alpha=float(cfg.get("swiglu_alpha") or 1.702),
+            num_groups=int(cfg.get("n_group") or 1) if deepseek else 1,
+            top_groups=int(cfg.get("topk_group") or 1) if deepseek else 1,
+            routed_scale=float(cfg.get("routed_scaling_factor") or 1.0) if deepseek else 1.0,
         )
     return ModelSpec(
         name=str(cfg.get("_name_or_path") or cfg.get("athanor_name") or path.parent.name),
         vocab_size=int(need("vocab_size")), hidden_size=hidden,
         intermediate_size=int(need("intermediate_size")), num_layers=int(need("num_hidden_layers")),
         num_heads=heads, num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or hidden // heads),
+        head_dim=head_dim or int(cfg.get("head_dim") or hidden // heads), mla=mla,
         rope_theta=float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0), rope_scaling=scaling,
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
@@ -221,7 +249,7 @@ def spec_from_config(cfg: dict[str, Any], path: Path) -> ModelSpec:
         dense_layers=dense_layers(cfg, int(need("num_hidden_layers"))) if moe else (),
         local_rope_theta=local_theta, norm_unit_offset=gemma, sandwich_norms=gemma,
         embed_scale=hidden ** 0.5 if gemma else 1.0, activation=_ACTIVATIONS[act],
-        attn_scale=float(cfg["query_pre_attn_scalar"]) ** -0.5 if gemma else 0.0,
+        attn_scale=float(cfg["query_pre_attn_scalar"]) ** -0.5 if gemma else attn_scale,
         final_logit_softcap=float(cfg.get("final_logit_softcapping") or 0.0),
     )
 

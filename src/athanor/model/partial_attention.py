@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from athanor.model.attention import gather_pages
 from athanor.model.seam import BuildContext
 
 
@@ -34,8 +35,8 @@ def attend(q: Tensor, q_pos: Tensor, k_cache: Tensor, v_cache: Tensor, block_tab
     page_size = k_cache.shape[2]
     local_len = max((int(q_pos.max()) - rank) // dcp + 1, 1)
     pages = block_table.index_select(0, slots)[:, :-(-local_len // page_size)].long()
-    keys = _gather(k_cache, pages)[:, :, :local_len]  # [B, Hkv, L, D]
-    values = _gather(v_cache, pages)[:, :, :local_len]
+    keys = gather_pages(k_cache, pages)[:, :, :local_len]  # [B, Hkv, L, D]
+    values = gather_pages(v_cache, pages)[:, :, :local_len]
     key_pos = torch.arange(local_len, device=q.device) * dcp + rank
     mask = key_pos[None, None, :] <= q_pos[:, :, None]  # [B, M, L]
     if window:
@@ -43,11 +44,6 @@ def attend(q: Tensor, q_pos: Tensor, k_cache: Tensor, v_cache: Tensor, block_tab
     out, lse = _partial(q, keys, values, mask, scale)
     outs, lses = (ctx.all_gather(out), ctx.all_gather(lse)) if dcp > 1 else (out[None], lse[None])
     return _combine(outs, lses, sinks).to(q.dtype)
-
-
-def _gather(pool: Tensor, pages: Tensor) -> Tensor:
-    """The rows of `pages` [B, P] of a pool [pages, Hkv, page_size, D] as one sequence each: [B, Hkv, P * size, D]."""
-    return pool.transpose(0, 1)[:, pages].transpose(0, 1).flatten(2, 3)
 
 
 def _partial(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scale: float) -> tuple[Tensor, Tensor]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from athanor.errors import ConfigError
-from athanor.model.spec import ModelSpec, MoESpec, RopeScaling
+from athanor.model.spec import MLASpec, ModelSpec, MoESpec, RopeScaling
 
 PRESETS: dict[str, ModelSpec] = {
     spec.name: spec
@@ -62,6 +62,17 @@ PRESETS: dict[str, ModelSpec] = {
             family="gpt_oss", layer_windows=tuple(128 if i % 2 == 0 else 0 for i in range(24)),
             moe=MoESpec(num_experts=32, top_k=4, intermediate_size=2880, scoring="softmax", renormalize=True,
                         logit_bias=True, expert_bias=True, swiglu_limit=7.0, swiglu_alpha=1.702),
+        ),
+        ModelSpec(  # deepseek-ai/DeepSeek-V3's shapes cut to its 3 dense layers and 2 of its 58 MoE ones, to fit one GPU
+            name="deepseek-v3-5l", vocab_size=129280, hidden_size=7168, intermediate_size=18432, num_layers=5,
+            num_heads=128, num_kv_heads=128, head_dim=192, rope_theta=10000.0,
+            rope_scaling=RopeScaling(factor=40.0, original_max_position_embeddings=4096, kind="yarn", beta_fast=32.0,
+                                     beta_slow=1.0, attention_factor=1.0),
+            rms_norm_eps=1e-6, max_position_embeddings=163840, family="deepseek_v3", dense_layers=(0, 1, 2),
+            mla=MLASpec(kv_rank=512, q_rank=1536, nope_dim=128, rope_dim=64, v_dim=128),
+            attn_scale=192 ** -0.5 * (0.1 * math.log(40.0) + 1.0) ** 2,
+            moe=MoESpec(num_experts=256, top_k=8, intermediate_size=2048, scoring="sigmoid", renormalize=True,
+                        shared_intermediate_size=2048, num_groups=8, top_groups=4, routed_scale=2.5),
         ),
         # Tiny presets for tests: every code path, in milliseconds.
         ModelSpec(

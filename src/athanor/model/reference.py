@@ -15,33 +15,31 @@ row p % page_size.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.bias import CausalBias, causal_lower_right
+from torch.nn.attention import sdpa_kernel
 
-from athanor.model import BuildContext, DecodeBatch, Model, PrefillBatch
+from athanor.model import BuildContext, DecodeBatch, Model, PrefillBatch, mla
+from athanor.model.attention import (
+    PREFILL_SDPA,
+    decode_attention,
+    gather_pages,
+    pad_queries,
+    prefill_attention,
+    prefill_extent,
+    slot_pages,
+    token_pages,
+    token_rows,
+    window_mask,
+)
 from athanor.model.partial_attention import attend as partial_attend
 from athanor.model.partial_attention import kv_places
 from athanor.model.rope import apply_rope, rope_tables
-from athanor.model.seam import pages_for
 
 SEAM_VERSION = 2
 """The candidate seam this file follows (`athanor.model.seam.SEAM_VERSION`)."""
-
-PREFILL_SDPA = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
-"""Prefill attention's backends in priority order, without cuDNN's (only CUDA has it). Left to
-choose, torch takes cuDNN attention on a Hopper GPU, which builds an execution plan on the host for every
-sequence length it has not run yet, at several times the cost of the prefill's kernels. A server sees new
-prompt lengths all the time; a baseline that pays a plan per length would flatter every candidate that
-avoids it, and its timings would depend on which run saw a length first. Used as
-`sdpa_kernel(list(PREFILL_SDPA), set_priority=True)`: a tuple, which a candidate sharing the process cannot edit
-in place, and the order set each time, as torch's global priority order is process state a candidate could
-change."""
-
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float, unit_offset: bool = False) -> Tensor:
     # Normalise in fp32 and cast back before the scale, as HF's LlamaRMSNorm does; Gemma's scales by (1 + weight) in
@@ -67,13 +65,15 @@ class ReferenceForward:
         # The windowed layers' own RoPE base (Gemma 3's local layers), where they have one.
         self.local_cos, self.local_sin = (rope_tables(spec, ctx.max_seq_len, ctx.device, ctx.dtype, local=True)
                                           if spec.local_rope_theta else (self.cos, self.sin))
-        pool_shape = (ctx.num_pages + 1, spec.num_kv_heads, ctx.page_size, spec.head_dim)
-        self.k_cache = [ctx.allocate(pool_shape) for _ in range(spec.num_layers)]
-        self.v_cache = [ctx.allocate(pool_shape) for _ in range(spec.num_layers)]
+        heads, k_dim, v_dim = (1, *mla.pool_dims(model)) if spec.mla else (spec.num_kv_heads,) + (spec.head_dim,) * 2
+        self.k_cache = [ctx.allocate((ctx.num_pages + 1, heads, ctx.page_size, k_dim)) for _ in range(spec.num_layers)]
+        self.v_cache = [ctx.allocate((ctx.num_pages + 1, heads, ctx.page_size, v_dim)) for _ in range(spec.num_layers)]
         self.block_table = ctx.table
         self.dcp = ctx.layout.dcp
         # Attention in parts (`athanor.model.partial_attention`): DCP's shares of the keys, or sinks beside them.
         self.partial = self.dcp > 1 or spec.attn_sinks
+        if self.partial and spec.mla:
+            raise ValueError("multi-head latent attention beside DCP or sinks is not in the reference")
         if self.dcp > 1 and (ctx.layout.tp > 1 or ctx.world_size != self.dcp):
             raise ValueError(f"dcp={self.dcp}: the reference splits the KV over all of its ranks, each with the whole "
                              f"attention (tp=1 on {self.dcp} ranks), not tp={ctx.layout.tp} on {ctx.world_size}")
@@ -85,9 +85,15 @@ class ReferenceForward:
         return rms_norm(x, self.model.get(name), self.spec.rms_norm_eps, self.spec.norm_unit_offset)
 
     def _qkv(self, i: int, h: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q [N, Hq, D], k and v [N, Hkv, D] with RoPE applied, for hidden states h [N, H]."""
+        """q [N, Hq, D], k and v [N, Hkv, D] with RoPE applied, for hidden states h [N, H] (under MLA, what its
+        cache keeps in their place: `mla.qkv`)."""
         m, spec = self.model, self.spec
         n = h.shape[0]
+        local = spec.local_rope_theta and spec.window(i)
+        cos, sin = (self.local_cos, self.local_sin) if local else (self.cos, self.sin)
+        cos, sin = cos.index_select(0, positions), sin.index_select(0, positions)
+        if spec.mla:
+            return mla.qkv(m, i, h, cos, sin, self._norm)
         q = F.linear(h, m.layer(i, "wq"), m.layer(i, "bq") if spec.attn_bias else None)
         k = F.linear(h, m.layer(i, "wk"), m.layer(i, "bk") if spec.attn_bias else None)
         v = F.linear(h, m.layer(i, "wv"), m.layer(i, "bv") if spec.attn_bias else None)
@@ -96,9 +102,6 @@ class ReferenceForward:
         v = v.view(n, spec.num_kv_heads, spec.head_dim)
         if spec.qk_norm:
             q, k = self._norm(q, f"layers.{i}.q_norm"), self._norm(k, f"layers.{i}.k_norm")
-        local = spec.local_rope_theta and spec.window(i)
-        cos, sin = (self.local_cos, self.local_sin) if local else (self.cos, self.sin)
-        cos, sin = cos.index_select(0, positions), sin.index_select(0, positions)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def _embed(self, tokens: Tensor) -> Tensor:
@@ -131,7 +134,7 @@ class ReferenceForward:
         topk_ids, topk_weights = route(
             F.linear(x, m.layer(i, "router"), m.layer(i, "router_logit_bias") if moe.logit_bias else None),
             moe.top_k, moe.scoring, moe.renormalize,
-            m.weights.get(f"layers.{i}.router_bias"),
+            m.weights.get(f"layers.{i}.router_bias"), (moe.num_groups, moe.top_groups), moe.routed_scale,
         )
         if self.routing_observer is not None:
             self.routing_observer(i, topk_ids)
@@ -183,6 +186,10 @@ class ReferenceForward:
         cap = self.spec.final_logit_softcap
         return torch.tanh(logits / cap) * cap if cap else logits
 
+    def _expander(self, i: int) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None:
+        """What turns layer i's gathered cache rows into keys and values (MLA's expansion), if anything does."""
+        return (lambda k, v: mla.expand(self.model, i, k, v)) if self.spec.mla else None
+
     def _sinks(self, i: int) -> Tensor | None:
         return self.model.layer(i, "sinks") if self.spec.attn_sinks else None
 
@@ -215,7 +222,8 @@ class ReferenceForward:
                                            spec.softmax_scale, self._sinks(i)).transpose(1, 2))
             else:
                 out = prefill_attention(q, self.k_cache[i], self.v_cache[i], batch.cu_seqlens, batch.slots,
-                                        self.block_table, batch.seq_lens, extent, spec.window(i), spec.softmax_scale)
+                                        self.block_table, batch.seq_lens, extent, spec.window(i), spec.softmax_scale,
+                                        self._expander(i))
             x = self._mlp_residual(i, self._attention_residual(i, x, out.flatten(1)))
         last = batch.cu_seqlens[1:] - 1
         return self._logits(x[last])
@@ -241,122 +249,11 @@ class ReferenceForward:
                                      self._sinks(i)).flatten(1)
             else:
                 keys, values = gather_pages(self.k_cache[i], table), gather_pages(self.v_cache[i], table)
+                if spec.mla:
+                    keys, values = mla.expand(self.model, i, keys, values)
                 out = decode_attention(q, keys, values, masks[spec.window(i)], spec.softmax_scale)
             x = self._mlp_residual(i, self._attention_residual(i, x, out))
         return self._logits(x)
-
-
-def window_mask(key_pos: Tensor, query_pos: Tensor, window: int) -> Tensor:
-    """Which keys each query sees (broadcast over the positions given): the causal ones, and with a `window` (> 0)
-    only the last `window` of them, the query's own included."""
-    mask = key_pos <= query_pos
-    return mask & (key_pos > query_pos - window) if window else mask
-
-
-def decode_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scale: float | None = None) -> Tensor:
-    """One query per sequence against its cached keys, GQA by grouping query heads per KV head.
-
-    q: [B, Hq, D]; keys, values: [B, Hkv, L, D]; mask: [B, L] bool (True = attend); scale: of the logits (None:
-    1 / sqrt(D)). Returns [B, Hq * D]. Plain matmuls: for a single query, SDPA's CPU kernels cost several times these
-    three ops.
-    """
-    b, hq, d = q.shape
-    hkv = keys.shape[1]
-    qg = q.view(b, hkv, hq // hkv, d)  # query heads sharing one KV head are adjacent
-    scores = (qg @ keys.transpose(-1, -2)).float() * (scale or d**-0.5)  # [B, Hkv, G, L]
-    scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(values.dtype)
-    return (probs @ values).reshape(b, hq * d)
-
-
-def token_pages(block_table: Tensor, slots: Tensor, positions: Tensor, page_size: int) -> tuple[Tensor, Tensor]:
-    """Where token positions[n] of slot slots[n] lives: (its page [N] int64, its row in the page [N])."""
-    return block_table[slots, positions // page_size].long(), positions % page_size
-
-
-def slot_pages(block_table: Tensor, slots: Tensor, num_tokens: int, page_size: int) -> Tensor:
-    """The pages [B, ceil(num_tokens / page_size)] int64 holding the first `num_tokens` tokens of each slot."""
-    return block_table.index_select(0, slots)[:, :pages_for(num_tokens, page_size)].long()
-
-
-def merges_pages(pool: Tensor) -> bool:
-    """Whether page i + 1 of a pool indexed [pages, Hkv, page_size, D] continues page i's rows (token-major storage:
-    stride(0) == page_size * stride(2)), so that consecutive pages are one strided run of tokens."""
-    return pool.stride(0) == pool.shape[2] * pool.stride(2)
-
-
-def gather_pages(pool: Tensor, pages: Tensor) -> Tensor:
-    """The keys (or values) of `pages` [B, P] of a pool indexed [pages, Hkv, page_size, D], each row's pages as one
-    sequence: [B, Hkv, P * page_size, D], in one copy whichever way the pool is laid out in memory."""
-    if merges_pages(pool):
-        return pool[pages].transpose(1, 2).flatten(2, 3)
-    return pool.transpose(0, 1)[:, pages].transpose(0, 1).flatten(2, 3)
-
-
-def token_rows(cu_seqlens: Tensor, per_seq: Tensor, num_tokens: int) -> Tensor:
-    """Each packed token's entry of `per_seq` [B] (its sequence's slot, say): [T]."""
-    return torch.repeat_interleave(per_seq, cu_seqlens[1:] - cu_seqlens[:-1], output_size=num_tokens)
-
-
-@dataclass(frozen=True)
-class PrefillExtent:
-    """How far a packed prefill reaches, read once per prefill (one host sync) and used by every layer."""
-
-    max_new: int
-    """The longest sequence's new tokens."""
-    kv_len: int
-    """The most keys a sequence attends over (its cached and new tokens)."""
-
-
-def prefill_extent(cu_seqlens: Tensor, starts: Tensor) -> PrefillExtent:
-    """The extent of a prefill whose sequences are packed by cu_seqlens [B+1] and continue from starts [B]."""
-    lens = cu_seqlens[1:] - cu_seqlens[:-1]
-    max_new, kv_len = torch.stack([lens.max(), (starts + lens).max()]).tolist()
-    return PrefillExtent(int(max_new), int(kv_len))
-
-
-def prefill_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens: Tensor, slots: Tensor,
-                      block_table: Tensor, starts: Tensor, extent: PrefillExtent, window: int = 0,
-                      scale: float | None = None) -> Tensor:
-    """Causal attention of a packed prefill's queries over their slots' cached keys, which already hold the new
-    ones: query j of sequence b sits at position starts[b] + j and sees keys 0..starts[b] + j (with a `window`, only
-    the last `window` of those). Returns [T, Hq, D].
-
-    q: [T, Hq, D] packed by cu_seqlens [B+1]; k_cache, v_cache: pools [pages, Hkv, page_size, D]; slots, starts:
-    [B]; block_table: the engine's [slots, pages_per_seq]; extent: `prefill_extent(cu_seqlens, starts)`; scale: of
-    the logits (None: 1 / sqrt(D)). Each
-    slot's keys are gathered from its pages, then all sequences go through one scaled_dot_product_attention: a lone
-    sequence without a window with lower-right causal alignment (flash attention, nothing materialised), otherwise
-    padded to the longest one's queries with a mask of which keys each position sees.
-    """
-    t = q.shape[0]
-    b = slots.shape[0]
-    max_new, kv_len = extent.max_new, extent.kv_len
-    pages = slot_pages(block_table, slots, kv_len, k_cache.shape[2])
-    keys = gather_pages(k_cache, pages)[:, :, :kv_len]  # [B, Hkv, L, D]
-    values = gather_pages(v_cache, pages)[:, :, :kv_len]
-    if b == 1 and not window:
-        mask: Tensor | CausalBias = causal_lower_right(t, kv_len)
-        return F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys, values, attn_mask=mask,
-                                              enable_gqa=True, scale=scale)[0].transpose(0, 1)
-    padded, q_pos, unpad = pad_queries(q, cu_seqlens, starts, max_new)
-    mask = window_mask(torch.arange(kv_len, device=q.device)[None, None, :], q_pos[:, :, None], window)  # [B, M, L]
-    out = F.scaled_dot_product_attention(padded.transpose(1, 2), keys, values, attn_mask=mask[:, None],
-                                         enable_gqa=True, scale=scale)  # [B, Hq, M, D]
-    return unpad(out.transpose(1, 2))
-
-
-def pad_queries(q: Tensor, cu_seqlens: Tensor, starts: Tensor,
-                max_new: int) -> tuple[Tensor, Tensor, Callable[[Tensor], Tensor]]:
-    """Packed queries q [T, H, D] as one row per sequence, [B, max_new, H, D] (zero past a sequence's end), with
-    their positions [B, max_new] and the function that packs a padded result [B, max_new, ...] back to [T, ...]."""
-    t, b = q.shape[0], cu_seqlens.shape[0] - 1
-    seq = token_rows(cu_seqlens, torch.arange(b, device=q.device), t)  # [T] each token's sequence
-    j = torch.arange(t, device=q.device) - cu_seqlens[seq]  # [T] its index in the sequence
-    padded = q.new_zeros(b, max_new, *q.shape[1:])
-    padded[seq, j] = q
-    q_pos = starts[:, None] + torch.arange(max_new, device=q.device)[None, :]
-    return padded, q_pos, lambda out: out[seq, j]
 
 
 def swiglu(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, act: Callable[[Tensor], Tensor] = F.silu) -> Tensor:
@@ -369,21 +266,30 @@ def gelu_tanh(x: Tensor) -> Tensor:
 
 
 def route(
-    router_logits: Tensor, top_k: int, scoring: str, renormalize: bool, selection_bias: Tensor | None = None
+    router_logits: Tensor, top_k: int, scoring: str, renormalize: bool, selection_bias: Tensor | None = None,
+    groups: tuple[int, int] = (1, 1), scale: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """Top-k expert ids [N, k] and their weights [N, k] fp32 from router logits [N, E].
 
     `selection_bias` shifts which experts are chosen but not their weights (DeepSeek-V3's
-    e_score_correction_bias); athanor also uses it to replay a measured routing profile.
+    e_score_correction_bias); athanor also uses it to replay a measured routing profile. `groups` (G, g): only the
+    experts of the g groups (of G) whose two best choice scores sum highest are eligible; `scale` multiplies the
+    weights (DeepSeek-V3's group-limited routing and routed_scaling_factor).
     """
     logits = router_logits.float()
     scores = torch.softmax(logits, dim=-1) if scoring == "softmax" else torch.sigmoid(logits)
     chooser = scores if selection_bias is None else scores + selection_bias.float()
+    num_groups, top_groups = groups
+    if num_groups > 1:
+        by_group = chooser.view(chooser.shape[0], num_groups, -1)
+        best = torch.topk(by_group.topk(2, dim=-1).values.sum(-1), top_groups, dim=-1).indices
+        eligible = torch.zeros_like(by_group[..., 0], dtype=torch.bool).scatter_(1, best, True)
+        chooser = by_group.masked_fill(~eligible[..., None], float("-inf")).view_as(chooser)
     topk_ids = torch.topk(chooser, top_k, dim=-1).indices
     topk_weights = scores.gather(1, topk_ids)
     if renormalize:
         topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
-    return topk_ids, topk_weights
+    return topk_ids, topk_weights * scale if scale != 1.0 else topk_weights
 
 
 def is_capturing(t: Tensor) -> bool:

@@ -16,7 +16,7 @@ from athanor.model.spec import ModelSpec, RopeScaling
 def rope_inv_freq(spec: ModelSpec, local: bool = False) -> Tensor:
     """Inverse frequencies [head_dim / 2] fp32, scaled as the spec's `rope_scaling` says; `local`: of the windowed
     layers' own base, unscaled."""
-    d = spec.head_dim
+    d = spec.rope_dim
     base = spec.local_rope_theta if local else spec.rope_theta
     inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
     s = spec.rope_scaling
@@ -73,3 +73,12 @@ def rotate_half(x: Tensor) -> Tensor:
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     # x: [N, heads, D]; cos, sin: [N, D]
     return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+
+
+def apply_rope_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """RoPE on adjacent pairs (x0, x1), (x2, x3), ... (DeepSeek's layout), written out as the halves' layout is:
+    the pairs' first elements, then their second."""
+    half = cos.shape[-1] // 2
+    c, s = cos[:, None, :half], sin[:, None, :half]
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)

@@ -55,6 +55,29 @@ class MoESpec:
     """gpt-oss's clamped SwiGLU: gate clamped above at the limit and up to +-limit, then (up + 1) * gate *
     sigmoid(swiglu_alpha * gate); 0: SwiGLU."""
     swiglu_alpha: float = 1.702
+    num_groups: int = 1
+    """Group-limited routing (DeepSeek-V3): the experts in `num_groups` groups, only the `top_groups` groups with the
+    highest sums of their two best choice scores eligible."""
+    top_groups: int = 1
+    routed_scale: float = 1.0
+    """The routed experts' weights are multiplied by this (DeepSeek-V3's routed_scaling_factor)."""
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """Multi-head latent attention (DeepSeek-V2/V3): keys and values expanded per head from a latent of
+    `kv_rank` numbers a token (normed), beside one rotary key part shared by the heads; the query from a latent of
+    `q_rank` (0: a plain projection). What is cached, and how, is the forward's choice: the reference caches the
+    latent and the rotary part, as transformers does."""
+
+    kv_rank: int
+    q_rank: int
+    nope_dim: int
+    """Each head's key dimensions without position (the rest of its `head_dim` is `rope_dim`)."""
+    rope_dim: int
+    v_dim: int
+    interleave: bool = True
+    """RoPE rotates adjacent pairs (x0, x1), (x2, x3), ... rather than the two halves."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +102,8 @@ class ModelSpec:
     """RMSNorm over each head of q and k before RoPE (Qwen3)."""
     attn_bias: bool = False
     """Biases on the q, k, v projections (Qwen2)."""
+    mla: MLASpec | None = None
+    """Multi-head latent attention in place of q, k, v projections (`head_dim` = nope_dim + rope_dim)."""
     attn_sinks: bool = False
     """A learned logit per query head (`sinks` [Hq]) in every softmax of attention, with no value (gpt-oss)."""
     out_bias: bool = False
@@ -127,6 +152,11 @@ class ModelSpec:
     def windowed(self) -> bool:
         return any(self.layer_windows)
 
+    @property
+    def rope_dim(self) -> int:
+        """The dimensions of a head RoPE rotates."""
+        return self.mla.rope_dim if self.mla else self.head_dim
+
     def moe_layer(self, layer: int) -> bool:
         return self.moe is not None and layer not in self.dense_layers
 
@@ -144,7 +174,8 @@ class ModelSpec:
                  "scaled embeddings": self.embed_scale != 1.0, f"{self.activation} MLPs": self.activation != "silu",
                  "an attention scale": bool(self.attn_scale), "logit soft-capping": bool(self.final_logit_softcap),
                  "an output projection bias": self.out_bias, "dense layers among MoE ones": bool(self.dense_layers),
-                 "attention sinks": self.attn_sinks,
+                 "attention sinks": self.attn_sinks, "multi-head latent attention": self.mla is not None,
+                 "group-limited routing": bool(self.moe and (self.moe.num_groups > 1 or self.moe.routed_scale != 1)),
                  "gpt-oss experts": bool(self.moe and (self.moe.logit_bias or self.moe.expert_bias
                                                        or self.moe.swiglu_limit))}
         return [name for name, used in names.items() if used]
@@ -170,6 +201,8 @@ class ModelSpec:
             d["rope_scaling"] = RopeScaling(**d["rope_scaling"])
         if d.get("moe"):
             d["moe"] = MoESpec(**d["moe"])
+        if d.get("mla"):
+            d["mla"] = MLASpec(**d["mla"])
         d["layer_windows"] = tuple(d.get("layer_windows") or ())
         d["dense_layers"] = tuple(d.get("dense_layers") or ())
         return ModelSpec(**d)
@@ -190,7 +223,9 @@ class ModelSpec:
 
 def kv_cache_bytes(spec: ModelSpec, num_slots: int, max_seq_len: int, itemsize: int = 2) -> int:
     """Bytes of the keys and values of `num_slots` sequences of `max_seq_len` tokens each, every layer (what a KV pool
-    needs for them, pages rounded away)."""
+    needs for them, pages rounded away); under MLA, of the latent and the rotary key part the reference caches."""
+    if spec.mla:
+        return spec.num_layers * num_slots * max_seq_len * (spec.mla.kv_rank + spec.mla.rope_dim) * itemsize
     return 2 * spec.num_layers * num_slots * spec.num_kv_heads * max_seq_len * spec.head_dim * itemsize
 
 
@@ -213,6 +248,15 @@ def layer_weight_shapes(spec: ModelSpec, layer: int = 0) -> dict[str, tuple[int,
         "wo": (h, q_dim),
         "mlp_norm": (h,),
     }
+    if spec.mla:
+        mla = spec.mla
+        del shapes["wk"], shapes["wv"]
+        shapes["wo"] = (h, spec.num_heads * mla.v_dim)
+        if mla.q_rank:
+            del shapes["wq"]
+            shapes.update(q_a=(mla.q_rank, h), q_a_norm=(mla.q_rank,), q_b=(q_dim, mla.q_rank))
+        shapes.update(kv_a=(mla.kv_rank + mla.rope_dim, h), kv_a_norm=(mla.kv_rank,),
+                      kv_b=(spec.num_heads * (mla.nope_dim + mla.v_dim), mla.kv_rank))
     if spec.sandwich_norms:
         shapes.update(attn_post_norm=(h,), mlp_post_norm=(h,))
     if spec.attn_bias:

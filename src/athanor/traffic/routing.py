@@ -64,23 +64,25 @@ class RoutingProfile:
 
 def routing_from_topk(topk: list[np.ndarray], num_experts: int, source: str, max_batch: int = 64,
                       num_draws: int = 256, seed: int = 0) -> RoutingProfile:
-    """A profile from per-layer expert ids [N, top_k] of the same N tokens."""
+    """A profile from per-layer expert ids [N, top_k] of the same N tokens (a dense layer among MoE ones: [0, top_k],
+    its load uniform, as it routes nothing; the distinct-expert curve averages the MoE layers)."""
     rng = np.random.default_rng(seed)
-    n, k = topk[0].shape
+    topk_moe = [ids for ids in topk if len(ids)]
+    n, k = topk_moe[0].shape
     load = []
     for ids in topk:
-        c = np.bincount(ids.ravel(), minlength=num_experts).astype(float)
+        c = np.bincount(ids.ravel(), minlength=num_experts).astype(float) if len(ids) else np.ones(num_experts)
         load.append(tuple(float(x) for x in c / c.sum()))
     # Batch b is the first b tokens of a random permutation: nested batches, unbiased means.
     perms = np.argsort(rng.random((num_draws, n)), axis=1)[:, :max_batch]  # [D, max_batch]
     counts = np.zeros(max_batch)
-    for ids in topk:
+    for ids in topk_moe:
         hit = np.zeros((num_draws, num_experts), dtype=bool)
         for b in range(min(max_batch, n)):
             rows = ids[perms[:, b]]  # [D, k]
             np.put_along_axis(hit, rows, True, axis=1)
             counts[b] += hit.sum(1).mean()
-    distinct = [float(c / len(topk)) for c in counts[: min(max_batch, n)]]
+    distinct = [float(c / len(topk_moe)) for c in counts[: min(max_batch, n)]]
     return RoutingProfile(source, k, tuple(load), tuple(distinct))
 
 
@@ -103,11 +105,14 @@ def _run(model: Model, sequences: list[list[int]]) -> _Recorder:
 
 
 def capture_topk(model: Model, sequences: list[list[int]]) -> list[np.ndarray]:
-    """Per layer, the expert ids [N, top_k] the reference forward picks for the N tokens of `sequences`."""
-    if model.spec.moe is None:
+    """Per layer, the expert ids [N, top_k] the reference forward picks for the N tokens of `sequences` ([0, top_k]
+    for a dense layer among MoE ones)."""
+    moe = model.spec.moe
+    if moe is None:
         raise ConfigError(f"model {model.spec.name} is dense: routing needs an MoE model")
     rec = _run(model, sequences)
-    return [torch.cat(rec.topk[i]).numpy() for i in range(model.spec.num_layers)]
+    return [torch.cat(rec.topk[i]).numpy() if i in rec.topk else np.zeros((0, moe.top_k), dtype=np.int64)
+            for i in range(model.spec.num_layers)]
 
 
 def capture_routing(model: Model, sequences: list[list[int]], source: str = "", max_batch: int = 64) -> RoutingProfile:

@@ -7,7 +7,7 @@ import torch
 
 from athanor.errors import ConfigError
 from athanor.kernels import HAS_TRITON, prefill_attention
-from athanor.model.reference import PrefillExtent, prefill_extent
+from athanor.model.attention import PrefillExtent, prefill_extent
 
 triton_only = pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
 IMPLS = [pytest.param("triton", marks=triton_only), "torch"]

@@ -25,6 +25,10 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {  # config class, the tiny sh
     "qwen3_moe": ("Qwen3MoeConfig", {"head_dim": 16, **MOE}),
     "qwen2_moe": ("Qwen2MoeConfig", {**MOE, "shared_expert_intermediate_size": 48}),
     "gemma3_text": ("Gemma3TextConfig", {"head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 6}),
+    "deepseek_v3": ("DeepseekV3Config", {"moe_intermediate_size": 16, "n_routed_experts": 8, "kv_lora_rank": 16,
+                                         "q_lora_rank": 24, "qk_rope_head_dim": 8, "v_head_dim": 12,
+                                         "qk_nope_head_dim": 16, "n_group": 4, "topk_group": 2,
+                                         "num_experts_per_tok": 2, "first_k_dense_replace": 1, "num_key_value_heads": 4}),
     "gpt_oss": ("GptOssConfig", {"head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 6,
                                  "intermediate_size": 32, "swiglu_limit": 0.5}),
 }

@@ -205,3 +205,39 @@ def test_gpt_oss_matches_hf(tmp_path: Path) -> None:
 
     again = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "ours"), dtype=torch.float32).eval()
     _assert_matches_hf(again, model)
+
+
+def _hf_deepseek_v3(**extra):  # type: ignore[no-untyped-def]
+    import transformers
+
+    config = transformers.DeepseekV3Config(**{
+        "vocab_size": 128, "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 16,
+        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4, "n_shared_experts": 1,
+        "n_routed_experts": 8, "kv_lora_rank": 16, "q_lora_rank": 24, "qk_rope_head_dim": 8, "v_head_dim": 12,
+        "qk_nope_head_dim": 16, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 2, "first_k_dense_replace": 1,
+        "routed_scaling_factor": 2.5, "max_position_embeddings": 64,
+        "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                            "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                            "rope_theta": 10000.0}, **extra})
+    torch.manual_seed(0)
+    model = transformers.DeepseekV3ForCausalLM(config).eval()
+    with torch.no_grad():  # off HF's starting values (unit norms, zero correction bias) so that each one shows
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+        for layer in model.model.layers[1:]:
+            layer.mlp.gate.e_score_correction_bias.add_(torch.randn(8) * 0.1)
+    return model
+
+
+@pytest.mark.parametrize("variant", [{}, {"q_lora_rank": None, "rope_interleave": False}], ids=["lora-q", "plain-q"])
+def test_deepseek_v3_matches_hf(tmp_path: Path, variant: dict) -> None:
+    """Multi-head latent attention (a low-rank query or a plain one; interleaved RoPE on the rotary part or halves),
+    YaRN with mscale_all_dim in the softmax scale, sigmoid routing limited to the best groups with a choice-only
+    correction bias and a scaling factor, a shared expert, and a dense first layer."""
+    hf = _hf_deepseek_v3(**variant)
+    hf.save_pretrained(tmp_path)
+    model = load_model(str(tmp_path))
+    spec = model.spec
+    assert spec.mla is not None and spec.dense_layers == (0,) and spec.moe is not None
+    assert (spec.moe.num_groups, spec.moe.top_groups, spec.moe.routed_scale) == (4, 2, 2.5)
+    _assert_matches_hf(hf, model)

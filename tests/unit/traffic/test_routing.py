@@ -160,3 +160,12 @@ def test_routing_cli_writes_a_replayable_profile_and_refuses_bad_input(tmp_path,
         code, err = athanor(*args)
         assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
         assert needle in err, err
+
+
+def test_a_dense_layer_among_moe_ones_routes_nothing_and_spoils_no_statistic() -> None:
+    from athanor.traffic.routing import capture_routing
+
+    spec = dataclasses.replace(get_preset("tiny-moe"), dense_layers=(0,))
+    profile = capture_routing(random_model(spec, seed=0), [[1, 2, 3, 4, 5, 6, 7, 8] * 4, [9, 10, 11, 12] * 5])
+    assert profile.load[0] == (1 / 8,) * 8  # uniform: the dense layer chose nothing
+    assert all(abs(sum(row) - 1) < 1e-9 for row in profile.load) and profile.distinct[0] == 2.0  # top-2, one token

@@ -19,7 +19,7 @@ from athanor.kernels import (
     rope_cache_attention,
 )
 from athanor.model import BuildContext, ModelSpec, PrefillBatch
-from athanor.model.reference import PREFILL_SDPA, PrefillExtent
+from athanor.model.attention import PREFILL_SDPA, PrefillExtent
 from athanor.model.rope import rope_tables
 from athanor.moves.templates.fast.kv_cache import KVCache
 from athanor.moves.templates.fast.linear import Linears

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from athanor.kernels import add_rms_norm, greedy, rms_norm
 from athanor.model import BuildContext, DecodeBatch, Model, PrefillBatch
-from athanor.model.reference import prefill_extent, token_rows
+from athanor.model.attention import prefill_extent, token_rows
 from athanor.moves.templates.fast.attention import Attention
 from athanor.moves.templates.fast.fused import FusedDecode
 from athanor.moves.templates.fast.kv_cache import KVCache

@@ -6,7 +6,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from athanor.model import BuildContext, ModelSpec
-from athanor.model.reference import token_pages
+from athanor.model.attention import token_pages
 from athanor.moves.templates.fast.options import OPTIONS
 
 
