@@ -268,6 +268,9 @@ def hf_config(spec: ModelSpec, dtype: torch.dtype, hf_exact: bool = True) -> dic
     False: write it anyway, for a directory only athanor reads (which reads it whole)."""
     family = spec.family if spec.family in ARCHITECTURES else "llama"
     lacks = ""
+    if spec.mla:
+        raise ConfigError(f"{spec.name}: writing a multi-head latent attention config for HF is not implemented; "
+                          "use the preset itself (random weights in memory) rather than a saved directory")
     if spec.qk_norm != (family in _QK_NORM_FAMILIES):
         lacks = f"{'has no' if spec.qk_norm else 'always has'} q/k norms"
     elif spec.dense_layers and family not in ("qwen2_moe", "qwen3_moe"):
