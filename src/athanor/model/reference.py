@@ -117,7 +117,7 @@ class ReferenceForward:
         return x + (self._norm(y, f"layers.{i}.attn_post_norm") if self.spec.sandwich_norms else y)
 
     def _mlp_residual(self, i: int, x: Tensor) -> Tensor:
-        y = self._mlp_sum(self._mlp(i, self._norm(x, f"layers.{i}.mlp_norm")))
+        y = self._mlp_sum(i, self._mlp(i, self._norm(x, f"layers.{i}.mlp_norm")))
         return x + (self._norm(y, f"layers.{i}.mlp_post_norm") if self.spec.sandwich_norms else y)
 
     def _mlp(self, i: int, x: Tensor) -> Tensor:
@@ -169,7 +169,11 @@ class ReferenceForward:
             hidden = (up + 1) * gate * torch.sigmoid(gate * moe.swiglu_alpha)
         else:
             hidden = act(gate) * up
-        return F.linear(hidden, w["w_down"], b["b_down"])
+        down_bias = b["b_down"]
+        layout = self.ctx.layout
+        if down_bias is not None and layout.tp > 1 and layout.ep == 1:  # experts split by columns over the TP ranks:
+            down_bias = down_bias / layout.tp  # each adds its share, and the sum adds it once
+        return F.linear(hidden, w["w_down"], down_bias)
 
     # Layouts over several ranks (`athanor.model.shard`): TP leaves partial sums after attention's output
     # projection and the MLP's down projection, EP after the routed experts each rank holds; a DP replica's (or
@@ -177,8 +181,8 @@ class ReferenceForward:
     def _attention_sum(self, t: Tensor) -> Tensor:
         return self.ctx.all_reduce(t) if self.ctx.layout.tp > 1 else t
 
-    def _mlp_sum(self, t: Tensor) -> Tensor:
-        split = self.ctx.layout.tp > 1 or (self.spec.moe is not None and self.ctx.layout.ep > 1)
+    def _mlp_sum(self, i: int, t: Tensor) -> Tensor:
+        split = self.ctx.layout.tp > 1 or (self.spec.moe_layer(i) and self.ctx.layout.ep > 1)
         return self.ctx.all_reduce(t) if split else t
 
     def _logits(self, x: Tensor) -> Tensor:

@@ -27,15 +27,11 @@ def shard_spec(spec: ModelSpec, tp: int, ep: int = 1) -> ModelSpec:
     (each rank whole experts, a block of them; the router still scores all); a ConfigError naming the shape that
     does not divide."""
     moe = spec.moe
-    if spec.dense_layers and tp * ep > 1:  # a dense MLP among MoE ones would need its own cut and sum
-        raise ConfigError(f"{spec.name}: dense layers among MoE ones ({len(spec.dense_layers)}) are not split over "
-                          "ranks yet; use tp=1, ep=1")
-    if tp > 1 and (spec.attn_sinks or (moe and moe.expert_bias)):  # per-head sinks and biases need their own cuts
-        raise ConfigError(f"{spec.name}: attention sinks and expert biases are not split by TP yet; use tp=1")
+    dense = moe is None or bool(spec.dense_layers)  # some layer has a dense MLP, `intermediate_size` wide
     widths = [("num_attention_heads", spec.num_heads, tp)]
-    if moe is None:
+    if dense:
         widths.append(("intermediate_size", spec.intermediate_size, tp))
-    else:
+    if moe is not None:
         widths.append(("num_experts", moe.num_experts, ep) if ep > 1 else
                       ("moe_intermediate_size", moe.intermediate_size, tp))
         if moe.shared_intermediate_size:
@@ -49,7 +45,7 @@ def shard_spec(spec: ModelSpec, tp: int, ep: int = 1) -> ModelSpec:
     shard_moe = moe and dataclasses.replace(moe, intermediate_size=moe.intermediate_size // (1 if ep > 1 else tp),
                                             shared_intermediate_size=moe.shared_intermediate_size // tp)
     return dataclasses.replace(spec, num_heads=spec.num_heads // tp, num_kv_heads=max(1, spec.num_kv_heads // tp),
-                               intermediate_size=spec.intermediate_size // tp if moe is None else spec.intermediate_size,
+                               intermediate_size=spec.intermediate_size // tp if dense else spec.intermediate_size,
                                moe=shard_moe)
 
 
@@ -74,17 +70,25 @@ def shard_model(model: Model, rank: int, tp: int = 1, ep: int = 1) -> Model:
     def columns(width: int) -> slice:
         return slice(rank * width, (rank + 1) * width)
 
-    inner = columns(mine.moe.intermediate_size if mine.moe else mine.intermediate_size)
+    dense_inner = columns(mine.intermediate_size)
+    inner = columns(mine.moe.intermediate_size) if mine.moe else dense_inner
     shared = columns(mine.moe.shared_intermediate_size) if mine.moe else slice(0)
+    heads = slice(q0, q0 + mine.num_heads)
     cut: dict[str, tuple[int, slice]] = {
         "wq": (0, q_rows), "bq": (0, q_rows), "wk": (0, kv_rows), "bk": (0, kv_rows), "wv": (0, kv_rows),
-        "bv": (0, kv_rows), "wo": (1, q_rows), "w_gate": (0, inner), "w_up": (0, inner), "w_down": (1, inner),
-        "shared.w_gate": (0, shared), "shared.w_up": (0, shared), "shared.w_down": (1, shared),
+        "bv": (0, kv_rows), "wo": (1, q_rows), "w_gate": (0, dense_inner), "w_up": (0, dense_inner),
+        "w_down": (1, dense_inner), "shared.w_gate": (0, shared), "shared.w_up": (0, shared),
+        "shared.w_down": (1, shared), "sinks": (0, heads),
     } if tp > 1 else {}
+    if tp > 1 and spec.mla:  # the latents are whole on every rank; their expansion and the query split by heads
+        per_head = spec.mla.nope_dim + spec.mla.v_dim
+        cut.update({"q_b": (0, q_rows), "kv_b": (0, slice(q0 * per_head, (q0 + mine.num_heads) * per_head)),
+                    "wo": (1, slice(q0 * spec.mla.v_dim, (q0 + mine.num_heads) * spec.mla.v_dim))})
     if ep > 1:  # whole experts, a block of them
         cut.update({f"experts.{w}": (0, experts) for w in ("w_gate", "w_up", "w_down", "b_gate", "b_up", "b_down")})
-    elif tp > 1:
-        cut.update({"experts.w_gate": (1, inner), "experts.w_up": (1, inner), "experts.w_down": (2, inner)})
+    elif tp > 1:  # a block of every expert's columns; each rank adds the down projection's bias, divided
+        cut.update({"experts.w_gate": (1, inner), "experts.w_up": (1, inner), "experts.w_down": (2, inner),
+                    "experts.b_gate": (1, inner), "experts.b_up": (1, inner)})
     weights: dict[str, Tensor] = {}
     for name, t in model.weights.items():
         short = name.split(".", 2)[2] if name.startswith("layers.") else name

@@ -6,8 +6,10 @@ replicas (no collective), and DCP2/DCP4 (each rank a share of every sequence's k
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -16,10 +18,12 @@ import torch.multiprocessing as mp
 
 from athanor.errors import ConfigError
 from athanor.model import BuildContext, DecodeBatch, Layout, make_prefill_batch
+from athanor.model.presets import PRESETS
 from athanor.model.random_init import random_model
 from athanor.model.reference import build
 from athanor.model.registry import load_spec
 from athanor.model.shard import shard_model, shard_spec
+from athanor.model.spec import MLASpec, ModelSpec, MoESpec, RopeScaling
 
 
 def _script(model, ctx: BuildContext) -> torch.Tensor:  # type: ignore[no-untyped-def]
@@ -35,12 +39,42 @@ def _script(model, ctx: BuildContext) -> torch.Tensor:  # type: ignore[no-untype
     return torch.cat(out)
 
 
+def _spec(preset: str) -> ModelSpec:
+    """A preset, or a tiny model of a family no tiny preset has (Gemma 3, gpt-oss, DeepSeek-V3's MLA)."""
+    if preset in FAMILIES:
+        return FAMILIES[preset]
+    return load_spec(preset)
+
+
+def _tiny_of(preset: str, **changes: Any) -> ModelSpec:
+    shape = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=3, num_heads=4, num_kv_heads=2,
+                 head_dim=16, max_position_embeddings=64, name=f"tiny-{preset}")
+    spec = PRESETS[preset]
+    windows = (6, 0, 6) if spec.layer_windows else ()
+    return dataclasses.replace(spec, **{**shape, "layer_windows": windows, **changes})
+
+
+FAMILIES = {
+    "tiny-gemma3": _tiny_of("gemma-3-27b", embed_scale=8.0, attn_scale=24 ** -0.5),
+    "tiny-gpt-oss": _tiny_of("gpt-oss-20b", moe=MoESpec(num_experts=4, top_k=2, intermediate_size=32, logit_bias=True,
+                                                         expert_bias=True, swiglu_limit=0.5),
+                             rope_scaling=RopeScaling(factor=4.0, original_max_position_embeddings=16, kind="yarn",
+                                                      truncate=False)),
+    "tiny-deepseek": _tiny_of("deepseek-v3-5l", num_kv_heads=4, head_dim=24, dense_layers=(0,),
+                              mla=MLASpec(kv_rank=16, q_rank=24, nope_dim=16, rope_dim=8, v_dim=12),
+                              moe=MoESpec(num_experts=8, top_k=2, intermediate_size=16, scoring="sigmoid",
+                                          shared_intermediate_size=16, num_groups=4, top_groups=2, routed_scale=2.5),
+                              rope_scaling=RopeScaling(factor=4.0, original_max_position_embeddings=16, kind="yarn")),
+}
+"""Tiny models of the families whose presets are large: every feature of the family, at the tiny presets' scale."""
+
+
 def _rank(rank: int, layout: Layout, preset: str, rendezvous: str, out: str) -> None:
     torch.set_num_threads(1)
     ranks = _ranks(layout)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=ranks)
     try:
-        model = random_model(load_spec(preset), seed=0, device=torch.device("cpu"), dtype=torch.float32)
+        model = random_model(_spec(preset), seed=0, device=torch.device("cpu"), dtype=torch.float32)
         ctx = BuildContext(torch.device("cpu"), torch.float32, max_seqs=2, max_seq_len=32, rank=rank,
                            world_size=ranks, layout=layout)
         with torch.no_grad():
@@ -59,13 +93,17 @@ LAYOUTS = [("tiny-qwen", Layout(tp=2)), ("tiny-moe", Layout(tp=2, ep=2)), ("tiny
            pytest.param("tiny-qwen", Layout(dcp=4), marks=SLOW), pytest.param("tiny-moe", Layout(ep=2, dcp=2), marks=SLOW),
            pytest.param("tiny-dense", Layout(tp=2), marks=SLOW), pytest.param("tiny-moe", Layout(tp=2), marks=SLOW),
            pytest.param("tiny-dense", Layout(tp=4), marks=SLOW), pytest.param("tiny-moe", Layout(ep=2), marks=SLOW),
-           pytest.param("tiny-moe", Layout(dp=2), marks=SLOW)]
+           pytest.param("tiny-moe", Layout(dp=2), marks=SLOW),
+           ("tiny-gpt-oss", Layout(tp=2)), pytest.param("tiny-gemma3", Layout(tp=2), marks=SLOW),
+           pytest.param("tiny-deepseek", Layout(tp=2), marks=SLOW),
+           pytest.param("tiny-deepseek", Layout(ep=2), marks=SLOW),
+           pytest.param("tiny-gpt-oss", Layout(tp=2, ep=2), marks=SLOW)]
 
 
 @pytest.mark.parametrize(("preset", "layout"), LAYOUTS, ids=lambda v: v if isinstance(v, str) else
                          f"tp{v.tp}-ep{v.ep}-dp{v.dp}-dcp{v.dcp}")
 def test_layout_logits_equal_one_devices(tmp_path: Path, preset: str, layout: Layout) -> None:
-    model = random_model(load_spec(preset), seed=0, device=torch.device("cpu"), dtype=torch.float32)
+    model = random_model(_spec(preset), seed=0, device=torch.device("cpu"), dtype=torch.float32)
     with torch.no_grad():
         want = _script(model, BuildContext(torch.device("cpu"), torch.float32, max_seqs=2, max_seq_len=32))
     out = str(tmp_path / "logits")
