@@ -135,7 +135,7 @@ def test_without_its_thread_a_plain_status_prints_as_it_is_set_at_most_once_per_
 
 
 def test_the_session_status_line() -> None:
-    from athanor.loop.session import SessionStatus
+    from athanor.loop.status import SessionStatus
 
     status = SessionStatus(budget_s=600.0, used_s=100.0, screened=3, confirmed=1, doing="screening abc by variant",
                            best_id="abc", best_tier="slow", best=Speedup(1.2345, 1.1, 1.3))
@@ -147,7 +147,8 @@ def test_the_session_status_line() -> None:
 
 def test_a_session_tells_its_status_hook_what_it_does_and_the_best_so_far(tmp_path: Path) -> None:
     from athanor.loop import CompileConfig
-    from athanor.loop.session import Session, SessionStatus
+    from athanor.loop.session import Session
+    from athanor.loop.status import SessionStatus
 
     statuses: list[SessionStatus] = []
     config = CompileConfig(model="tiny-dense", traffic="preset:chat", budget_s=100.0, out_dir=tmp_path / "run",

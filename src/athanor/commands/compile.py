@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from athanor.errors import ConfigError
 
 if TYPE_CHECKING:
-    from athanor.loop.session import SessionStatus
+    from athanor.loop.status import SessionStatus
 
 _UNITS = {"s": 1, "m": 60, "h": 3600}
 

@@ -32,11 +32,19 @@ from athanor.agents.variant import VariantConfig, VariantSearch
 from athanor.engine.candidate import Candidate, baseline_candidate
 from athanor.engine.candidate_dir import load_candidate_dir
 from athanor.errors import ConfigError
-from athanor.evaluate import Evaluator, QualityBudget, Speedup, Verdict
+from athanor.evaluate import Evaluator, Speedup, Verdict
 from athanor.evaluate.timing import worth_confirming
 from athanor.loop.config import CompileConfig
 from athanor.loop.report import write_report
 from athanor.loop.reserve import measured_reserve, record_confirmation
+from athanor.loop.status import (
+    SessionStatus,
+    StatusHook,
+    model_summary,
+    no_status,
+    precision_flags,
+    verdict_line,
+)
 from athanor.store import EvaluationRecord, Store, open_store
 from athanor.traffic import TrafficProfile, load_profile
 
@@ -44,47 +52,6 @@ log = logging.getLogger(__name__)
 Events = Callable[[str], None]
 Clock = Callable[[], float]
 """Seconds on a monotonic scale (`time.monotonic`): what the session measures its budget on."""
-
-
-@dataclass(frozen=True)
-class SessionStatus:
-    """Where a running session stands, for a status line: `Session` hands one to its `status` hook whenever what
-    it does changes (an agent asked to propose, a screen or a confirmation begun, the engines stopped, the report
-    written)."""
-
-    budget_s: float
-    used_s: float
-    """Seconds of the budget used when this was taken, on the session's clock."""
-    screened: int
-    """Proposals screened on the fast tier so far in this session."""
-    confirmed: int
-    """Candidates judged on the slow tier (the whole model) so far in this run."""
-    doing: str
-    """What runs now, e.g. "screening 3fa2b1c0d4e5f607 by variant"."""
-    best_id: str = ""
-    """The candidate with the highest speedup timed so far ("" before any), by its latest tier's figure."""
-    best_tier: str = ""
-    """The tier that figure is from: "fast" (projected from a few layers) or "slow" (the whole model)."""
-    best: Speedup = field(default_factory=Speedup)
-    """That figure: the median speedup over the baseline and its 95% interval."""
-
-    def text(self, since_s: float = 0.0) -> str:
-        """The status as one line, `since_s` seconds after it was taken (a live line moves the budget's clock on
-        between updates)."""
-        used = self.used_s + since_s
-        # Short enough for a terminal's line: what runs now comes last and names the candidate.
-        best = (f"best x{self.best.median:.3f} [{self.best.ci_low:.3f}, {self.best.ci_high:.3f}] {self.best_tier}"
-                if self.best_id else "best -")
-        return (f"budget {used:.0f} s used, {max(0.0, self.budget_s - used):.0f} s left | screened {self.screened}, "
-                f"confirmed {self.confirmed} | {best} | {self.doing}")
-
-
-StatusHook = Callable[[SessionStatus], None]
-"""What a session tells where it stands (`Session(status=...)`, `compile_session(status=...)`)."""
-
-
-def _no_status(status: SessionStatus) -> None:
-    """The status hook of a session nobody watches."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +75,7 @@ def _variant_factory(config: CompileConfig) -> Callable[..., Agent]:
 
 class Session:
     def __init__(self, config: CompileConfig, on_event: Events, *, clock: Clock = time.monotonic,
-                 max_candidates: int | None = None, status: StatusHook = _no_status) -> None:
+                 max_candidates: int | None = None, status: StatusHook = no_status) -> None:
         if max_candidates is not None and max_candidates < 1:
             raise ValueError(f"max_candidates must be at least 1 (or None), not {max_candidates}")
         self.config = config
@@ -313,7 +280,7 @@ class Session:
             a.observe([record])
         if record.author in self.budget.agents:  # the reference is nobody's proposal
             self.budget.record_evaluation(record)
-        self.emit(_line("fast", cand.manifest.author, cand.manifest.description, verdict, fast.config.margin))
+        self.emit(verdict_line("fast", cand.manifest.author, cand.manifest.description, verdict, fast.config.margin))
 
     def _confirm(self, slow: Evaluator, deadline: float, margin: float) -> None:
         """Confirm what the fast tier's screen forwards (`worth_confirming` against its `margin`) on the whole
@@ -340,7 +307,7 @@ class Session:
             record = self.store.record_verdict(self.run_id, slow_verdict.to_dict(), tier="slow")
             for a in self.agents:
                 a.observe([record])
-            self.emit(_line("slow", cand.manifest.author, cand.manifest.description, slow_verdict))
+            self.emit(verdict_line("slow", cand.manifest.author, cand.manifest.description, slow_verdict))
             if slow_verdict.accepted:
                 break
 
@@ -351,7 +318,7 @@ class Session:
             run_id=self.run_id, incumbent_id=incumbent, incumbent_source=source,
             leaderboard=tuple(self.store.leaderboard(self.run_id, 10)),
             recent_verdicts=tuple(self.store.recent_verdicts(self.run_id, 8)),
-            posts=self.board.recent(20), model_summary=_model_summary(self.spec, self.config),
+            posts=self.board.recent(20), model_summary=model_summary(self.spec, self.config),
             traffic_summary=self.profile.summary(),
         )
 
@@ -384,36 +351,8 @@ def _load_incumbent(directory: Path) -> Candidate:
         raise ConfigError(f"--incumbent: {e}") from None
 
 
-def _line(tier: str, author: str, description: str, v: Verdict, margin: float = 0.01) -> str:
-    s = v.speedup
-    figure = f"x{s.median:.3f} [{s.ci_low:.3f}, {s.ci_high:.3f}]" if not math.isnan(s.median) else "-"
-    verdict = "ACCEPTED" if v.accepted else f"{v.status} at {v.stage}"
-    if tier == "fast" and not v.accepted and worth_confirming(v, margin):
-        verdict = "to confirm (median over the bar)"
-    return f"[{tier}] {v.candidate_id} {author}: {description[:60]} -> {verdict} {figure} ({v.wall_s:.0f} s)" + (
-        "" if v.accepted else f": {v.reason[:100]}")
-
-
-def precision_flags(precision: dict[str, Any]) -> str:
-    """The flags that select a run's precision mode (a `CompileConfig.precision` record)."""
-    if precision.get("mode") == "quality":
-        return f"--quality-budget {QualityBudget(**precision['quality_budget'])}"
-    return "--bitwise" if precision.get("mode") == "bitwise" else "neither --bitwise nor --quality-budget"
-
-
-def _model_summary(spec: Any, config: CompileConfig) -> str:
-    kind = f"MoE {spec.moe.num_experts}x top-{spec.moe.top_k}" if spec.moe else "dense"
-    quality = config.quality
-    return (f"{spec.name}: {kind}, {spec.num_layers} layers, hidden {spec.hidden_size}, heads {spec.num_heads}/"
-            f"{spec.num_kv_heads} (q/kv), head_dim {spec.head_dim}, vocab {spec.vocab_size}; "
-            f"device {config.device}, dtype {config.dtype or 'as stored'}"
-            + (f"; quality mode: lossy candidates (e.g. lower-precision weights) are admitted within a mean KL "
-               f"divergence of {quality.max_kl:g} and a perplexity increase of {100 * quality.max_ppl_increase:g}%"
-               if quality is not None else ""))
-
-
 def compile_session(config: CompileConfig, on_event: Events = log.info, *, clock: Clock = time.monotonic,
-                    max_candidates: int | None = None, status: StatusHook = _no_status) -> CompileReport:
+                    max_candidates: int | None = None, status: StatusHook = no_status) -> CompileReport:
     """Run one compile session (see the module docstring) and write its report and winner.
 
     `clock` is what the budget is measured on; `max_candidates` stops the search after that many proposals are

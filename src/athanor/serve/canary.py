@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from athanor.serve.config import CanaryConfig
 from athanor.serve.messages import DeploymentState
-from athanor.serve.scheduler import Sequence
+from athanor.serve.sequence import Sequence
 
 
 @dataclass

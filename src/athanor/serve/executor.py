@@ -24,7 +24,8 @@ from athanor.engine.pages import write_pages
 from athanor.model import PrefillBatch
 from athanor.model.sampling import sample
 from athanor.serve.canary import Canary
-from athanor.serve.scheduler import Chunk, Scheduler, StepPlan, TokenLogprobs
+from athanor.serve.scheduler import Scheduler
+from athanor.serve.sequence import Chunk, StepPlan, TokenLogprobs
 
 log = logging.getLogger(__name__)
 

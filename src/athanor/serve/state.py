@@ -39,7 +39,7 @@ class ServeOptions:
     max_seq_len: int = 2048
     """Context length: prompt plus generated tokens."""
     kv_tokens: int = 0
-    """Each candidate's KV pool in tokens; 0: sized by the worker (`athanor.serve.worker.build_with_pool`)."""
+    """Each candidate's KV pool in tokens; 0: sized by the worker (`athanor.serve.pool_size.build_with_pool`)."""
     threads: int = 0
     """CPU threads of the worker (0: the engine's default)."""
     sandbox: bool = True

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from athanor.serve.config import SchedulerConfig
 from athanor.serve.kv_pages import PagePool, page_key
 from athanor.serve.messages import Submit
-from athanor.serve.scheduler import DECODE_LOOKAHEAD, Chunk, Scheduler, Sequence, StepPlan
+from athanor.serve.scheduler import DECODE_LOOKAHEAD, Scheduler
+from athanor.serve.sequence import Chunk, Sequence, StepPlan
 
 
 def make(budget: int = 8, max_seqs: int = 2, max_queue: int = 4, num_pages: int = 64, page_size: int = 4,
