@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_oracle import assert_matches_hf
 
 from athanor.errors import ModelLoadError
-from athanor.model import BuildContext, DecodeBatch, make_prefill_batch
+from athanor.model import BuildContext
 from athanor.model.hf import save_hf
 from athanor.model.random_init import random_model
-from athanor.model.reference import build
 from athanor.model.registry import load_model
 
 WINDOW = 6
@@ -40,26 +40,6 @@ def _hf_gemma(**extra):  # type: ignore[no-untyped-def]
     return model
 
 
-def _assert_matches_hf(hf, model) -> None:  # type: ignore[no-untyped-def]
-    """Prefill (two sequences at once, the long one in two chunks past the window) and decode steps past it."""
-    gen = torch.Generator().manual_seed(1)
-    long, short = torch.randint(0, 128, (24,), generator=gen), torch.randint(0, 128, (9,), generator=gen)
-    with torch.no_grad():
-        want_long, want_short = hf(long[None]).logits[0], hf(short[None]).logits[0]
-        fwd = build(model, BuildContext(torch.device("cpu"), torch.float32, max_seqs=2, max_seq_len=32))
-        first = fwd.prefill(make_prefill_batch([long[:10].tolist(), short.tolist()], [0, 1]))
-        second = fwd.prefill(make_prefill_batch([long[10:20].tolist()], [0], seq_lens=[10]))[0]
-        steps = []
-        for n in range(20, 24):
-            pos = torch.tensor([n])
-            steps.append(fwd.decode(DecodeBatch(long[n:n + 1], pos, torch.tensor([0]), pos))[0])
-    bound = 1e-4 * want_long.abs().max().item()
-    pairs = [(first[0], want_long[9]), (first[1], want_short[-1]), (second, want_long[19]),
-             *zip(steps, want_long[20:24], strict=True)]
-    err = max((got - want).abs().max().item() for got, want in pairs)
-    assert err <= bound, f"max |ours - HF| = {err:.3g} > {bound:.3g}"
-
-
 def test_gemma3_text_matches_hf(tmp_path: Path) -> None:
     hf = _hf_gemma()
     hf.save_pretrained(tmp_path)
@@ -68,7 +48,7 @@ def test_gemma3_text_matches_hf(tmp_path: Path) -> None:
     assert spec.layer_windows == (WINDOW, 0, WINDOW) and spec.local_rope_theta == 10000.0
     assert spec.rope_theta == 100000.0 and spec.rope_scaling is not None and spec.rope_scaling.factor == 2.0
     assert spec.attn_scale == pytest.approx(24 ** -0.5) and spec.final_logit_softcap == 0.5
-    _assert_matches_hf(hf, model)
+    assert_matches_hf(hf, model)
 
 
 def test_the_text_model_of_a_multimodal_gemma3_checkpoint(tmp_path: Path) -> None:
@@ -89,7 +69,7 @@ def test_the_text_model_of_a_multimodal_gemma3_checkpoint(tmp_path: Path) -> Non
     text_only = {k: v for k, v in text_cfg.items() if k not in defaults or v != defaults[k]}
     (mm / "config.json").write_text(json.dumps({"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
                                                 "text_config": text_only}))
-    _assert_matches_hf(hf, load_model(str(mm)))
+    assert_matches_hf(hf, load_model(str(mm)))
 
 
 def test_a_random_gemma_saved_by_athanor_is_the_same_function_in_hf(tmp_path: Path) -> None:
@@ -102,7 +82,7 @@ def test_a_random_gemma_saved_by_athanor_is_the_same_function_in_hf(tmp_path: Pa
         t.add_(torch.randn(t.shape, generator=gen) * 0.1)
     save_hf(model, tmp_path / "ours")
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "ours"), dtype=torch.float32).eval()
-    _assert_matches_hf(hf, model)  # the model in memory, not its reading back: a name swapped both ways shows
+    assert_matches_hf(hf, model)  # the model in memory, not its reading back: a name swapped both ways shows
 
 
 def _saved(directory: Path) -> Path:
@@ -149,7 +129,7 @@ def test_a_random_model_of_each_family_saved_by_athanor_is_the_same_function_in_
     save_hf(model, tmp_path)
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
     assert hf.config.model_type == family.split("-")[0]
-    _assert_matches_hf(hf, model)
+    assert_matches_hf(hf, model)
 
 
 def test_a_spec_no_hf_class_computes_is_not_saved_for_hf(tmp_path: Path) -> None:
@@ -199,12 +179,12 @@ def test_gpt_oss_matches_hf(tmp_path: Path) -> None:
     spec = model.spec
     assert spec.attn_sinks and spec.out_bias and spec.layer_windows == (WINDOW, 0, WINDOW)
     assert spec.moe is not None and spec.moe.expert_bias and spec.moe.logit_bias and spec.moe.swiglu_limit == 0.5
-    _assert_matches_hf(hf, model)
+    assert_matches_hf(hf, model)
     save_hf(model, tmp_path / "ours")  # and back: the packed experts written as HF reads them
     import transformers
 
     again = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "ours"), dtype=torch.float32).eval()
-    _assert_matches_hf(again, model)
+    assert_matches_hf(again, model)
 
 
 def _hf_deepseek_v3(**extra):  # type: ignore[no-untyped-def]
@@ -240,4 +220,4 @@ def test_deepseek_v3_matches_hf(tmp_path: Path, variant: dict) -> None:
     spec = model.spec
     assert spec.mla is not None and spec.dense_layers == (0,) and spec.moe is not None
     assert (spec.moe.num_groups, spec.moe.top_groups, spec.moe.routed_scale) == (4, 2, 2.5)
-    _assert_matches_hf(hf, model)
+    assert_matches_hf(hf, model)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_oracle import assert_matches_hf
 
-from athanor.model import BuildContext, DecodeBatch, make_prefill_batch
+from athanor.model import BuildContext
 from athanor.model.hf_config import layer_windows
-from athanor.model.reference import build
 from athanor.model.registry import load_model
 
 WINDOW = 6
@@ -45,23 +45,7 @@ def test_windowed_attention_matches_hf(tmp_path: Path, kind: str) -> None:
     hf.save_pretrained(tmp_path)
     model = load_model(str(tmp_path))
     assert model.spec.layer_windows == windows
-    gen = torch.Generator().manual_seed(1)
-    long, short = torch.randint(0, 128, (24,), generator=gen), torch.randint(0, 128, (9,), generator=gen)
-    with torch.no_grad():
-        want_long, want_short = hf(long[None]).logits[0], hf(short[None]).logits[0]
-        fwd = build(model, BuildContext(torch.device("cpu"), torch.float32, max_seqs=2, max_seq_len=32))
-        # Two sequences in one prefill (the padded, masked path), the long one in two chunks past the window.
-        first = fwd.prefill(make_prefill_batch([long[:10].tolist(), short.tolist()], [0, 1]))
-        second = fwd.prefill(make_prefill_batch([long[10:20].tolist()], [0], seq_lens=[10]))[0]
-        steps = []
-        for n in range(20, 24):  # decode past the window
-            pos = torch.tensor([n])
-            steps.append(fwd.decode(DecodeBatch(long[n:n + 1], pos, torch.tensor([0]), pos))[0])
-    bound = 1e-4 * want_long.abs().max().item()
-    pairs = [(first[0], want_long[9]), (first[1], want_short[-1]), (second, want_long[19]),
-             *zip(steps, want_long[20:24], strict=True)]
-    err = max((got - want).abs().max().item() for got, want in pairs)
-    assert err <= bound, f"{kind}: max |ours - HF| = {err:.3g} > {bound:.3g}"
+    assert_matches_hf(hf, model)
 
 
 def test_a_window_the_context_covers_or_a_switched_off_one_is_none() -> None:
