@@ -11,7 +11,8 @@ timing does not depend on them).
 Roofline: the bytes one step must read (`timing.step_bytes`: weights, an MoE layer's experts counted as the
 distinct ones a batch activates under the routing profile, plus every row's KV) over the device's copy bandwidth.
 A cell whose KV cache, or whose step's working memory beside it, does not fit is recorded as `does_not_fit`;
-a cell that fails otherwise is recorded with its error, and the next cell runs.
+a cell that fails otherwise is recorded with its error (status `declined` where the candidate names what it does not
+compute, e.g. the fast template on a model beyond its kernels), and the next cell runs.
 """
 
 from __future__ import annotations
@@ -192,10 +193,12 @@ def decode_cell(model_name: str, batch: int, context: int, candidate: str = "ref
             if reply.status != "ok":
                 # A step whose own working memory does not fit beside the KV cache (the reference gathers each
                 # layer's whole cache for the batch) does not fit either.
+                last = (reply.error.strip().splitlines() or [""])[-1]
                 if "OutOfMemoryError" in reply.error:
-                    last = reply.error.strip().splitlines()[-1]
                     record.update(status="does_not_fit", error=f"{STEP_OUT_OF_MEMORY} ({kv / 2**30:.1f} GiB): {last}",
                                   traceback=reply.error[-2000:])
+                elif last.startswith("NotImplementedError"):  # a candidate that names what it does not compute
+                    record.update(status="declined", error=last, traceback=reply.error[-2000:])
                 else:
                     record.update(status="error", error=reply.error[-2000:])
                 return record

@@ -63,7 +63,8 @@ def test_bad_grid_flags_are_one_line_errors(tmp_path: Path, capsys: pytest.Captu
 
 
 @pytest.mark.parametrize("raised, status", [("torch.OutOfMemoryError('CUDA out of memory')", "does_not_fit"),
-                                            ("ValueError('a bug')", "error")])
+                                            ("ValueError('a bug')", "error"),
+                                            ("NotImplementedError('no windows here')", "declined")])
 def test_a_step_out_of_memory_beside_the_kv_cache_does_not_fit(tmp_path: Path, raised: str, status: str,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     # The 1B reference at batch 128, context 32k: its KV cache fits, its gather of each layer's cache does not.
@@ -83,6 +84,8 @@ def test_a_step_out_of_memory_beside_the_kv_cache_does_not_fit(tmp_path: Path, r
                "--device", "cpu", "--dtype", "float32", "--iters", "2", "--json", str(out)])
     printed = capsys.readouterr().out.strip().splitlines()
     assert rc == 1 and len(printed) == 1 and f"{status}: " in printed[0] and str(out) in printed[0]
-    assert ("CUDA out of memory" if status == "does_not_fit" else "ValueError: a bug") in printed[0]
+    said = {"does_not_fit": "CUDA out of memory", "error": "ValueError: a bug",
+            "declined": "NotImplementedError: no windows here"}[status]
+    assert said in printed[0]
     cell = json.loads(out.read_text())["cells"][0]
-    assert "Traceback" in cell.get("traceback" if status == "does_not_fit" else "error", "")
+    assert "Traceback" in cell.get("error" if status == "error" else "traceback", "")
