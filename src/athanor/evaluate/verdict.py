@@ -110,13 +110,22 @@ class Verdict:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Verdict:
-        tiers = tuple(TierResult(**{**t, "measurements": tuple(
-            Measurement(**{**m, "speedup": Speedup(**m["speedup"])}) for m in t["measurements"]),
-            "speedup": Speedup(**t["speedup"]), "noise": Speedup(**t["noise"])}) for t in raw.get("tiers", ()))
-        fields = {f.name for f in dataclasses.fields(cls)}
-        rest = {k: v for k, v in raw.items() if k in fields and k not in ("tiers", "speedup", "stages")}
-        return cls(**rest, tiers=tiers, speedup=Speedup(**raw.get("speedup", {})),
+        """The verdict `to_dict` wrote, its figures that were NaN (written as null) NaN again."""
+        tiers = tuple(TierResult(**{**_nan(t), "measurements": tuple(
+            Measurement(**{**_nan(m), "speedup": Speedup(**_nan(m["speedup"]))}) for m in t["measurements"]),
+            "speedup": Speedup(**_nan(t["speedup"])), "noise": Speedup(**_nan(t["noise"]))})
+            for t in raw.get("tiers", ()))
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        rest = {k: v for k, v in _nan(raw, fields).items() if k in fields and k not in ("tiers", "speedup", "stages")}
+        return cls(**rest, tiers=tiers, speedup=Speedup(**_nan(raw.get("speedup", {}))),
                    stages=tuple((str(a), float(b)) for a, b in raw.get("stages", ())))
+
+
+def _nan(raw: dict[str, Any], fields: dict[str, dataclasses.Field[Any]] | None = None) -> dict[str, Any]:
+    """`raw` with the None that `_plain` wrote for a NaN figure as NaN again: every None, or with `fields` only those
+    of float fields (a None there may mean none)."""
+    return {k: float("nan") if v is None and (fields is None or (k in fields and fields[k].type == "float")) else v
+            for k, v in raw.items()}
 
 
 def _plain(value: Any) -> Any:

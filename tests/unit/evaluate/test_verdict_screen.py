@@ -29,3 +29,16 @@ def test_the_bar_is_one_plus_the_margin_plus_the_aa_bias_and_is_named() -> None:
 
 def test_quality_mode_shows_its_kl() -> None:
     assert "KL 0.0021" in render(explain(_verdict(False, kl=0.0021), margin=0.01, traffic="preset:code"))
+
+
+def test_a_verdict_read_back_from_json_keeps_its_unmeasured_figures_nan() -> None:
+    """A resumed run reads its verdicts back from the store's JSON, where NaN is written null: they must explain
+    themselves as the live ones do (a KL never measured is still not a number, not None)."""
+    import json
+    import math
+
+    live = _verdict(True)
+    back = Verdict.from_dict(json.loads(json.dumps(live.to_dict())))
+    assert math.isnan(back.tiers[0].kl) and math.isnan(back.gpu_s_per_1k_requests)
+    assert render(explain(back, margin=0.01, traffic="preset:chat")) == render(explain(live, margin=0.01,
+                                                                                       traffic="preset:chat"))
