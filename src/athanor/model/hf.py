@@ -12,12 +12,15 @@ import dataclasses
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from athanor.errors import ModelLoadError
 from athanor.model.hf_config import hf_config, read_config
 from athanor.model.model import Model
+from athanor.model.shard import shard_cuts, shard_model
+from athanor.model.spec import ModelSpec
 from athanor.model.tokenizer import Tokenizer, tokenizer_from_hf_dir
 
 _ATTN = {"input_layernorm.weight": "attn_norm", "post_attention_layernorm.weight": "mlp_norm",
@@ -106,15 +109,19 @@ def _safetensors_files(directory: Path) -> list[Path]:
 
 
 def read_hf_dir(
-    directory: str | Path, dtype: torch.dtype | None = None, device: torch.device | str = "cpu"
+    directory: str | Path, dtype: torch.dtype | None = None, device: torch.device | str = "cpu",
+    shard: tuple[int, int, int] | None = None,
 ) -> tuple[Model, Tokenizer | None]:
-    """The model (and its tokenizer, when the directory has one) in an HF model directory."""
+    """The model (and its tokenizer, when the directory has one) in an HF model directory. `shard` (rank, tp, ep): only
+    that rank's share (`athanor.model.shard.shard_cuts`), each cut tensor read as its slice of the file, never
+    whole (gpt-oss's packed experts excepted: read whole, then cut)."""
     from safetensors import SafetensorError, safe_open
 
     directory = Path(directory)
     if not directory.is_dir():
         raise ModelLoadError(f"{directory}: no such model directory")
-    spec, file_dtype = read_config(directory)
+    full_spec, file_dtype = read_config(directory)
+    spec, cut, kept = _shard_plan(full_spec, shard)
     dtype = dtype or file_dtype
     weights: dict[str, torch.Tensor] = {}
     experts: dict[str, dict[int, torch.Tensor]] = {}
@@ -122,12 +129,18 @@ def read_hf_dir(
         if not file.is_file():
             raise ModelLoadError(f"{file}: missing (listed in the safetensors index)")
         try:
-            with safe_open(str(file), framework="pt", device=str(device)) as f:
+            # A shard's slices are cut from the memory-mapped file on the host and copied to the device alone.
+            with safe_open(str(file), framework="pt", device="cpu" if cut else str(device)) as f:
                 for hf_name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                     if hf_name.startswith(_VISION):
                         continue
                     name, expert = _canonical(hf_name, file, spec.family)
-                    tensor = f.get_tensor(hf_name).to(dtype)
+                    if expert is not None and not kept.start <= expert < kept.stop:
+                        continue  # another EP rank's
+                    part = cut.get(name.split(".", 2)[2] if name.startswith("layers.") else name)
+                    if part is not None and expert is not None:  # one expert of the stacked [E, ...] cut:
+                        part = (part[0] - 1, part[1]) if part[0] else None  # its own dims, or EP's block (`kept`)
+                    tensor = _read(f, hf_name, part, device, dtype)
                     if expert is None:
                         weights[name] = tensor
                     else:
@@ -135,18 +148,51 @@ def read_hf_dir(
         except (SafetensorError, OSError) as e:
             raise ModelLoadError(f"{file}: corrupt or unreadable safetensors file ({e})") from None
     for name, by_index in experts.items():
-        if sorted(by_index) != list(range(len(by_index))):
-            raise ModelLoadError(f"{directory}: experts of {name!r} are not numbered 0..{len(by_index) - 1}")
-        weights[name] = torch.stack([by_index[e] for e in range(len(by_index))])
+        first = min(by_index)
+        if sorted(by_index) != list(range(first, first + len(by_index))):
+            raise ModelLoadError(f"{directory}: experts of {name!r} are not numbered {first}..{first + len(by_index) - 1}")
+        weights[name] = torch.stack([by_index[e] for e in range(first, first + len(by_index))])
     if spec.family == "gpt_oss":
         _unpack_experts(weights, spec.num_layers)
+        if shard is not None:  # packed in the file: cut now, and copied so the whole does not stay behind
+            cut_model = shard_model(Model(full_spec, weights), *shard)
+            spec = cut_model.spec
+            weights = {n: t.clone() if t.untyped_storage().nbytes() > t.nbytes else t
+                       for n, t in cut_model.weights.items()}
     if spec.out_bias and "layers.0.bo" not in weights:
         # HF starts an output bias its checkpoint lacks at zero: the same function as none (how athanor writes a
         # spec with q/k/v biases only, as tiny-qwen, for a family whose attention_bias means all four).
         spec = dataclasses.replace(spec, out_bias=False)
     model = Model(spec, weights, source=str(directory))
-    model.validate(str(directory))
+    model.validate(str(directory), experts_held=kept.stop - kept.start)
     return model, tokenizer_from_hf_dir(directory)
+
+
+def _shard_plan(spec: ModelSpec, shard: tuple[int, int, int] | None
+                ) -> tuple[ModelSpec, dict[str, tuple[int, slice]], slice]:
+    """The spec a load gives, the cuts it reads (`shard_cuts`'s; none for gpt-oss, cut after unpacking) and the
+    experts it keeps."""
+    num_experts = spec.moe.num_experts if spec.moe else 0
+    if shard is None:
+        return spec, {}, slice(0, num_experts)
+    rank, tp, ep = shard
+    mine, cut = shard_cuts(spec, rank, tp, ep)
+    held = num_experts // ep
+    experts = slice((rank % ep) * held, (rank % ep + 1) * held)
+    if spec.family == "gpt_oss":  # its experts are packed: read whole, cut after unpacking
+        return spec, {}, experts
+    return mine, cut, experts
+
+
+def _read(f: Any, hf_name: str, part: tuple[int, slice] | None, device: torch.device | str,
+          dtype: torch.dtype) -> torch.Tensor:
+    """A tensor of an open safetensors file, or only `part` (dimension, slice) of it, in its own memory: a slice is a
+    view of the whole tensor's mapped bytes until copied."""
+    if part is None:
+        return f.get_tensor(hf_name).to(device=device, dtype=dtype)
+    dim, keep = part
+    tensor = f.get_slice(hf_name)[(slice(None),) * dim + (keep,)].to(device=device, dtype=dtype)
+    return tensor.clone() if tensor.untyped_storage().nbytes() > tensor.nbytes else tensor
 
 
 def _canonical(hf_name: str, file: Path, family: str) -> tuple[str, int | None]:

@@ -78,9 +78,12 @@ class Model:
         moved = {n: t.to(device=device, dtype=dtype) for n, t in self.weights.items()}
         return Model(self.spec, moved, self.source, self.full_num_layers)
 
-    def validate(self, where: str) -> None:
-        """Raise ModelLoadError when the weights do not match the spec (names or shapes)."""
+    def validate(self, where: str, experts_held: int = 0) -> None:
+        """Raise ModelLoadError when the weights do not match the spec (names or shapes). `experts_held`: the experts
+        an EP shard holds (its router still scores all of them), when not all."""
         expected = weight_shapes(self.spec)
+        if experts_held:
+            expected = {n: (experts_held, *s[1:]) if ".experts." in n else s for n, s in expected.items()}
         missing = [n for n in expected if n not in self.weights]
         if missing:
             raise ModelLoadError(f"{where}: missing weight {missing[0]!r} ({len(missing)} missing): "

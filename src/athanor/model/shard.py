@@ -52,10 +52,20 @@ def shard_spec(spec: ModelSpec, tp: int, ep: int = 1) -> ModelSpec:
 def shard_model(model: Model, rank: int, tp: int = 1, ep: int = 1) -> Model:
     """Rank `rank`'s share of `model` under `tp`-way TP and `ep`-way EP (views of its weights: nothing is copied).
     Ranks beyond a degree repeat its shards (rank % tp, rank % ep): EP over TP ranks, or replicated attention."""
-    spec = model.spec
-    mine = shard_spec(spec, tp, ep)
     if tp == 1 and ep == 1:
         return model
+    mine, cut = shard_cuts(model.spec, rank, tp, ep)
+    weights: dict[str, Tensor] = {}
+    for name, t in model.weights.items():
+        part = cut.get(name.split(".", 2)[2] if name.startswith("layers.") else name)
+        weights[name] = t if part is None else t.narrow(part[0], part[1].start, part[1].stop - part[1].start)
+    return Model(mine, weights, f"{model.source} (shard of tp={tp} ep={ep})", model.full_num_layers)
+
+
+def shard_cuts(spec: ModelSpec, rank: int, tp: int, ep: int) -> tuple[ModelSpec, dict[str, tuple[int, slice]]]:
+    """Rank `rank`'s spec, and the part of each weight it holds: by canonical name (without `layers.{i}.`), the
+    dimension cut and the slice of it kept; a name not listed is whole on every rank."""
+    mine = shard_spec(spec, tp, ep)
     experts = slice(0)
     if ep > 1 and spec.moe is not None:
         held = spec.moe.num_experts // ep
@@ -89,11 +99,4 @@ def shard_model(model: Model, rank: int, tp: int = 1, ep: int = 1) -> Model:
     elif tp > 1:  # a block of every expert's columns; each rank adds the down projection's bias, divided
         cut.update({"experts.w_gate": (1, inner), "experts.w_up": (1, inner), "experts.w_down": (2, inner),
                     "experts.b_gate": (1, inner), "experts.b_up": (1, inner)})
-    weights: dict[str, Tensor] = {}
-    for name, t in model.weights.items():
-        short = name.split(".", 2)[2] if name.startswith("layers.") else name
-        if short in cut:
-            dim, part = cut[short]
-            t = t.narrow(dim, part.start, part.stop - part.start)
-        weights[name] = t
-    return Model(mine, weights, f"{model.source} (shard of tp={tp} ep={ep})", model.full_num_layers)
+    return mine, cut

@@ -56,7 +56,7 @@ def _tiny_of(preset: str, **changes: Any) -> ModelSpec:
 
 FAMILIES = {
     "tiny-gemma3": _tiny_of("gemma-3-27b", embed_scale=8.0, attn_scale=24 ** -0.5),
-    "tiny-gpt-oss": _tiny_of("gpt-oss-20b", moe=MoESpec(num_experts=4, top_k=2, intermediate_size=32, logit_bias=True,
+    "tiny-gpt-oss": _tiny_of("gpt-oss-20b", intermediate_size=32, moe=MoESpec(num_experts=4, top_k=2, intermediate_size=32, logit_bias=True,
                                                          expert_bias=True, swiglu_limit=0.5),
                              rope_scaling=RopeScaling(factor=4.0, original_max_position_embeddings=16, kind="yarn",
                                                       truncate=False)),
@@ -135,3 +135,21 @@ def test_under_dcp_a_rank_writes_only_its_share_of_the_tokens() -> None:
     pages, rows = kv_places(table, torch.ones(8, dtype=torch.long), positions, 4, rank=1, dcp=2, scratch_page=99)
     assert pages.tolist() == [99, 4, 99, 4, 99, 4, 99, 4]  # odd tokens, at local positions 0..3: one page
     assert rows[1::2].tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen", "tiny-moe", "tiny-gpt-oss"])
+def test_a_rank_reads_only_its_shard_from_the_safetensors(tmp_path: Path, preset: str) -> None:
+    """read_hf_dir(shard=) gives what shard_model cuts from the whole model, and holds no more than its share."""
+    from athanor.model.hf import read_hf_dir, save_hf
+
+    model = random_model(_spec(preset), seed=3, device=torch.device("cpu"), dtype=torch.float32)
+    save_hf(model, tmp_path, hf_exact=False)
+    for rank, tp, ep in [(0, 2, 1), (1, 2, 1), (1, 1, 2), (1, 2, 2)]:
+        if ep > 1 and model.spec.moe is None:
+            continue
+        want = shard_model(model, rank, tp, ep)
+        got, _ = read_hf_dir(tmp_path, shard=(rank, tp, ep))
+        assert got.spec == want.spec and set(got.weights) == set(want.weights)
+        for name, t in want.weights.items():
+            assert torch.equal(got.weights[name], t), (preset, rank, tp, ep, name)
+            assert got.weights[name].untyped_storage().nbytes() == t.numel() * t.element_size(), name  # its share
