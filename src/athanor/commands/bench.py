@@ -51,6 +51,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                           "window_ms): a steady state or a transient")
     d.add_argument("--kernels", action="store_true", help="CUDA: also profile each cell's step per kernel")
 
+    co = add("collectives", "all-reduce, all-gather and all-to-all over this machine's ranks, and the link they fit "
+             "(for athanor plan --calibrate)", cmd_collectives, model=None)
+    co.add_argument("--ranks", type=int, default=2, help="processes (one per GPU on CUDA)")
+    co.add_argument("--device", default=None, help=DEVICE_HELP)
+    co.add_argument("--sizes", default=",".join(str(s) for s in (4096, 65536, 1 << 20, 16 << 20)),
+                    help="bytes per rank, comma-separated")
+    co.add_argument("--iters", type=int, default=20, help="timed calls per collective and size")
+
     pf = add("prefill", "time to first token of one long prompt alone, and the TFLOP/s it reaches", cmd_prefill,
              model=None)
     pf.add_argument("--model", required=True, help="preset (random weights), random:PRESET[@SEED], HF dir or .gguf")
@@ -178,6 +186,14 @@ def cmd_decode(args: argparse.Namespace) -> int:
     _done(record, args, [cell_line(c) for c in cells])
     failed = any(c["status"] == "error" for c in cells) or not any(c["status"] == "ok" for c in cells)
     return 1 if failed else 0
+
+
+def cmd_collectives(args: argparse.Namespace) -> int:
+    from athanor.bench.collectives import bench_collectives, summary_lines
+
+    record = bench_collectives(args.ranks, args.device, tuple(_ints(args.sizes, "--sizes")), args.iters)
+    _done(record, args, summary_lines(record))
+    return 0
 
 
 def cmd_prefill(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ level, since the best layout moves with concurrency.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -34,6 +35,16 @@ class Calibration:
     spread: tuple[float, float] = (1.0, 1.0)
     """The smallest and largest ratio of a cell."""
     source: str = ""
+    link_bytes_s: float = 0.0
+    """The link an `athanor bench collectives` record measured (0: the hardware description's)."""
+    link_latency_s: float = 0.0
+    link_source: str = ""
+
+    def hardware(self, hw: Hardware) -> Hardware:
+        """`hw` with the measured link in place of its described one, where a record measured it."""
+        if not self.link_bytes_s:
+            return hw
+        return dataclasses.replace(hw, link_bytes_s=self.link_bytes_s, link_latency_s=self.link_latency_s)
 
 
 @dataclass(frozen=True)
@@ -94,21 +105,30 @@ def estimate(spec: ModelSpec, hw: Hardware, layout: Layout, concurrency: int, in
 
 def calibrate(spec: ModelSpec, hw: Hardware, records: list[str]) -> Calibration:
     """Fit the decode term to measured steps: `athanor bench decode` records' cells of this model (its best
-    candidate where the record has several), each cell's ms per step over this model's TP1 prediction."""
+    candidate where the record has several), each cell's ms per step over this model's TP1 prediction; and take
+    the link an `athanor bench collectives` record fitted (the last such record given)."""
     ratios: list[float] = []
+    link: dict[str, float] = {}
+    link_source = ""
     for path in records:
         try:
             record = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise ConfigError(f"--calibrate {path}: not a readable bench record ({e})") from None
+        if record.get("benchmark") == "collectives":
+            link, link_source = record["link"], f"{path} ({record['ranks']} ranks on {record.get('device_name')})"
+            continue
         for cell in record.get("cells") or ():
             if cell.get("status") != "ok" or cell.get("model") != spec.name or cell.get("candidate") != "best":
                 continue
             predicted = decode_step(spec, hw, Layout(), int(cell["batch"]), int(cell["context"])).total_s
             ratios.append(float(cell["ms_per_token"]) / 1000 / predicted)
-    if not ratios:
-        raise ConfigError(f"--calibrate: no decode cell of {spec.name} (candidate best) in {', '.join(records)}")
-    return Calibration(statistics.median(ratios), len(ratios), (min(ratios), max(ratios)), ", ".join(records))
+    if not ratios and not link:
+        raise ConfigError(f"--calibrate: no decode cell of {spec.name} (candidate best) and no collectives record in "
+                          f"{', '.join(records)}")
+    decode = (statistics.median(ratios), len(ratios), (min(ratios), max(ratios))) if ratios else (1.0, 0, (1.0, 1.0))
+    return Calibration(*decode, ", ".join(records), link.get("link_bytes_s", 0.0), link.get("link_latency_s", 0.0),
+                       link_source)
 
 
 def make_plan(spec: ModelSpec, hw: Hardware, gpus: int, profile: TrafficProfile,
@@ -116,6 +136,7 @@ def make_plan(spec: ModelSpec, hw: Hardware, gpus: int, profile: TrafficProfile,
     if gpus < 1:
         raise ConfigError(f"--gpus {gpus}: must be at least 1")
     calibration = calibration or Calibration()
+    hw = calibration.hardware(hw)
     options = layouts(spec, gpus)
     if not options:
         raise ConfigError(f"--gpus {gpus}: no layout of {spec.name} uses {gpus} GPUs (its heads and layers do not "
@@ -135,7 +156,10 @@ def render(plan: Plan, top: int = 5) -> str:
     c = plan.calibration
     lines.append(f"calibration: decode x{c.factor:.3f} from {c.cells} measured cells (spread {c.spread[0]:.2f}-"
                  f"{c.spread[1]:.2f}) of {c.source}" if c.cells else
-                 "calibration: none (the specification alone; --calibrate RECORD fits it to measured steps)")
+                 "calibration: decode from the specification alone (--calibrate a bench decode RECORD fits it)")
+    if c.link_bytes_s:
+        lines.append(f"link: {c.link_bytes_s / 1e9:.1f} GB/s, {1e6 * c.link_latency_s:.1f} us per rank, measured by "
+                     f"{c.link_source}")
     for concurrency, rows in plan.levels.items():
         lines += ["", f"concurrency {concurrency}:",
                   f"  {'layout':<16}{'GPU-s/1k req':>14}{'TPOT ms':>10}{'TTFT s':>9}{'comm':>7}{'GiB/GPU':>9}  fits"]
