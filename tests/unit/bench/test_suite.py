@@ -19,7 +19,7 @@ PROVENANCE = ("date", "git_commit", "device", "device_name", "gpu", "python", "t
 def test_every_benchmark_is_a_sub_command_of_bench() -> None:
     bench = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["bench"]
     names = set(bench.get_default("bench_subparsers").choices)
-    assert names == {"decode", "prefill", "swap", "serve", "serve-stream", "serve-batching", "evaluate", "compile",
+    assert names == {"decode", "prefill", "collectives", "swap", "serve", "serve-stream", "serve-batching", "evaluate", "compile",
                      "reference", "tiers"}
 
 
