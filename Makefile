@@ -28,13 +28,15 @@ install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
 # The main job: compile the embedded model for the built-in chat traffic on this machine in 8 minutes of wall time
-# (confirmation included), then print the leaderboard and the verified speedup (run directory: runs/demo).
+# (confirmation included), then print the leaderboard and the verified speedup (run directory: runs/demo). Where
+# this machine's record says confirming SmolLM2 leaves 8 minutes too little search, the budget is raised to the
+# smallest that works rather than the demo refused (--stretch-budget).
 demo: $(VENV)/.installed
-	@echo "make demo: about 9 minutes (an 8-minute compile budget, plus installing and loading)"
+	@echo "make demo: about 9 minutes (an 8-minute compile budget, plus installing and loading; more on a machine whose record says confirming takes longer)"
 	$(BIN)/athanor generate --model smollm2-135m --chat --prompt "What is the capital of France?" --max-new-tokens 32
 	rm -rf runs/demo
 	@# Exit status 1 means "no verified winner this time": a result of the job, reported above, not a failure.
-	$(BIN)/athanor compile --model smollm2-135m --traffic preset:chat --budget 8m --out runs/demo || [ $$? -eq 1 ]
+	$(BIN)/athanor compile --model smollm2-135m --traffic preset:chat --budget 8m --stretch-budget --out runs/demo || [ $$? -eq 1 ]
 
 # Two passes: the tests that judge speed (marker `timing`: the evaluator's verdicts, the compile loop) alone, so
 # nothing else competes for the cores they time on; the rest first, one worker per core, one intra-op thread each

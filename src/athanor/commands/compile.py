@@ -36,6 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                    f"{COMPILE_DEFAULTS['traffic']})")
     p.add_argument("--budget", default=None, help=f"wall-clock budget, e.g. 180s, 3m, 1h (default: "
                                                   f"{COMPILE_DEFAULTS['budget']})")
+    p.add_argument("--stretch-budget", action="store_true",
+                   help="where this machine's record of past confirmations says --budget cannot confirm one candidate "
+                        "and still search, run with the smallest budget that can (said first) rather than refuse")
     p.add_argument("--agents", default=None, help=f"comma-separated: variant, llm, cli (default: "
                                                   f"{COMPILE_DEFAULTS['agents']})")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
@@ -166,6 +169,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
         agents_config=AgentsConfig(llm=dataclasses.replace(LLMConfig(), **llm),
                                    cli=dataclasses.replace(CLIAgentConfig(), **cli)),
     )
+    if args.stretch_budget:
+        from athanor.loop.session import stretched_budget
+
+        wanted, config = config.budget_s, stretched_budget(config)
+        if config.budget_s != wanted:
+            console.print(f"--budget {wanted:.0f}s raised to {config.budget_s:.0f}s (--stretch-budget): confirming one "
+                          f"candidate of {config.model} takes longer than the budget leaves on this machine")
     with Progress(console) as progress:
         report = compile_session(config, on_event=progress.print,
                                  status=lambda status: progress.set(_moving(status)))

@@ -362,6 +362,15 @@ def compile_session(config: CompileConfig, on_event: Events = log.info, *, clock
     return Session(config, on_event, clock=clock, max_candidates=max_candidates, status=status).run()
 
 
+def stretched_budget(config: CompileConfig) -> CompileConfig:
+    """`config` with its budget raised, in whole minutes, to the smallest that confirms one candidate and still
+    searches where this machine's record says its budget cannot (`check_budget` would refuse it); else unchanged."""
+    measured = measured_reserve(config.confirmation_key)
+    if not measured or config.confirm_reserve_s or config.budget_s >= config.smallest_budget_s(measured):
+        return config
+    return dataclasses.replace(config, budget_s=60.0 * math.ceil(config.smallest_budget_s(measured) / 60))
+
+
 def check_budget(config: CompileConfig) -> None:
     """A ConfigError, before anything is started or written, where this machine's record says the budget cannot
     confirm one candidate and still search (`CompileConfig.smallest_budget_s`)."""

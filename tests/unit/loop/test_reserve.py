@@ -54,3 +54,8 @@ def test_a_budget_this_machine_cannot_confirm_in_is_refused_up_front(tmp_path: P
         check_budget(config)
     assert not (tmp_path / "run").exists()  # nothing created
     check_budget(CompileConfig(model="tiny-dense", budget_s=360.0))
+    from athanor.loop.session import stretched_budget
+
+    assert stretched_budget(config).budget_s == 360.0  # asked to stretch: the smallest that works, in whole minutes
+    check_budget(stretched_budget(config))
+    assert stretched_budget(CompileConfig(model="tiny-dense", budget_s=600.0)).budget_s == 600.0  # enough already
