@@ -27,7 +27,7 @@ class SessionStatus:
     confirmed: int
     """Candidates judged on the slow tier (the whole model) so far in this run."""
     doing: str
-    """What runs now, e.g. "screening 3fa2b1c0d4e5f607 by variant"."""
+    """What runs now, e.g. "screening <candidate id> by variant"."""
     best_id: str = ""
     """The candidate with the highest speedup timed so far ("" before any), by its latest tier's figure."""
     best_tier: str = ""
