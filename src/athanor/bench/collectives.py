@@ -22,8 +22,7 @@ from athanor.bench.record import default_device, provenance
 from athanor.errors import ConfigError
 
 DEFAULT_SIZES = (4096, 65536, 1 << 20, 16 << 20)
-"""Bytes per rank: a decode step's activations at batch 1-8 to a prefill chunk's."""
-OPS = ("all_reduce", "all_gather", "all_to_all")
+"""Bytes per rank: a decode step's activations at batch 1-8 to a prefill chunk's (`--sizes` unless given)."""
 
 
 def bus_factor(op: str, ranks: int) -> float:
@@ -84,11 +83,13 @@ def fit_link(cells: list[dict[str, Any]]) -> dict[str, float]:
     return {"link_bytes_s": float(1 / inv_bw) if inv_bw > 0 else float("inf"), "link_latency_s": max(0.0, float(latency))}
 
 
-def bench_collectives(ranks: int = 2, device: str | None = None, sizes: tuple[int, ...] = DEFAULT_SIZES,
+def bench_collectives(ranks: int = 2, device: str | None = None, sizes: tuple[int, ...] = (),
                       iters: int = 20) -> dict[str, Any]:
-    """Time each collective at each size over `ranks` processes of this machine; the record, with its fitted link."""
+    """Time each collective at each size (default `DEFAULT_SIZES`) over `ranks` processes of this machine; the record,
+    with its fitted link."""
     import torch.multiprocessing as mp
 
+    sizes = sizes or DEFAULT_SIZES
     device = default_device(device)
     if ranks < 2:
         raise ConfigError(f"--ranks {ranks}: a collective needs at least 2")

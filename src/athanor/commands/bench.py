@@ -55,8 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
              "(for athanor plan --calibrate)", cmd_collectives, model=None)
     co.add_argument("--ranks", type=int, default=2, help="processes (one per GPU on CUDA)")
     co.add_argument("--device", default=None, help=DEVICE_HELP)
-    co.add_argument("--sizes", default=",".join(str(s) for s in (4096, 65536, 1 << 20, 16 << 20)),
-                    help="bytes per rank, comma-separated")
+    co.add_argument("--sizes", default="", help="bytes per rank, comma-separated (default: 4 KiB, 64 KiB, 1 MiB and "
+                                                "16 MiB)")
     co.add_argument("--iters", type=int, default=20, help="timed calls per collective and size")
 
     pf = add("prefill", "time to first token of one long prompt alone, and the TFLOP/s it reaches", cmd_prefill,

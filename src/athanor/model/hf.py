@@ -9,6 +9,7 @@ Writing does the reverse, so `athanor save-random` produces a directory that HF 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 from pathlib import Path
@@ -58,7 +59,9 @@ _DEEPSEEK = {"self_attn.q_a_proj.weight": "q_a", "self_attn.q_a_layernorm.weight
 """DeepSeek's multi-head latent attention, its router's choice-only bias and its shared experts (plural)."""
 
 
+@functools.cache
 def _layer_names(family: str) -> dict[str, str]:
+    """A family's per-layer HF names and their canonical ones (read-only: shared between calls)."""
     if family == "gpt_oss":
         return {**_ATTN, **_GPT_OSS}
     if family == "deepseek_v3":

@@ -124,8 +124,7 @@ class ReferenceForward:
         if self.spec.moe_layer(i):
             return self._moe(i, x)
         m = self.model
-        act = F.silu if self.spec.activation == "silu" else gelu_tanh
-        return swiglu(x, m.layer(i, "w_gate"), m.layer(i, "w_up"), m.layer(i, "w_down"), act)
+        return swiglu(x, m.layer(i, "w_gate"), m.layer(i, "w_up"), m.layer(i, "w_down"), self._act)
 
     def _moe(self, i: int, x: Tensor) -> Tensor:
         """Top-k routed SwiGLU experts (+ optional shared expert) for x [N, H]."""
@@ -138,37 +137,43 @@ class ReferenceForward:
         )
         if self.routing_observer is not None:
             self.routing_observer(i, topk_ids)
-        act = F.silu if self.spec.activation == "silu" else gelu_tanh
+        names = ("w_gate", "w_up", "w_down") + (("b_gate", "b_up", "b_down") if moe.expert_bias else ())
+        experts = {name: m.layer(i, f"experts.{name}") for name in names}
         # Under EP this rank holds a block of the experts (the first one `first`); the others' tokens are theirs.
-        held = m.layer(i, "experts.w_gate").shape[0]
+        held = experts["w_gate"].shape[0]
         first = (self.ctx.rank % self.ctx.layout.ep) * held if held < moe.num_experts else 0
         out = torch.zeros_like(x)
         for e in torch.unique(topk_ids).tolist():
             if not first <= e < first + held:
                 continue
             token_idx, k_idx = torch.nonzero(topk_ids == e, as_tuple=True)
-            y = self._expert(i, e - first, x[token_idx], act)
+            y = self._expert({name: t[e - first] for name, t in experts.items()}, x[token_idx])
             out.index_add_(0, token_idx, y * topk_weights[token_idx, k_idx, None].to(x.dtype))
         # A shared expert whole on every rank (EP without TP) is added once, by the first.
         if moe.shared_intermediate_size and (self.ctx.layout.tp > 1 or self.ctx.rank % self.ctx.layout.ep == 0):
-            shared = swiglu(x, m.layer(i, "shared.w_gate"), m.layer(i, "shared.w_up"), m.layer(i, "shared.w_down"), act)
+            shared = swiglu(x, m.layer(i, "shared.w_gate"), m.layer(i, "shared.w_up"), m.layer(i, "shared.w_down"),
+                            self._act)
             if moe.shared_gate:
                 shared = torch.sigmoid(F.linear(x, m.layer(i, "shared.gate"))) * shared
             out = out + shared
         return out
 
-    def _expert(self, i: int, e: int, x: Tensor, act: Callable[[Tensor], Tensor]) -> Tensor:
-        """Expert e of layer i (this rank's e-th) on x [N, H]: SwiGLU, or gpt-oss's clamped one with biases."""
-        moe, m = self.spec.moe, self.model
+    @property
+    def _act(self) -> Callable[[Tensor], Tensor]:
+        """The gated MLPs' activation: SwiGLU's silu or GeGLU's tanh gelu."""
+        return F.silu if self.spec.activation == "silu" else gelu_tanh
+
+    def _expert(self, w: dict[str, Tensor], x: Tensor) -> Tensor:
+        """One expert (its weights `w`, biases `b_*` where it has them) on x [N, H]: SwiGLU, or gpt-oss's clamped one."""
+        moe = self.spec.moe
         assert moe is not None
-        w = {name: m.layer(i, f"experts.{name}")[e] for name in ("w_gate", "w_up", "w_down")}
-        b = {name: m.layer(i, f"experts.{name}")[e] if moe.expert_bias else None for name in ("b_gate", "b_up", "b_down")}
+        b = {name: w.get(name) for name in ("b_gate", "b_up", "b_down")}
         gate, up = F.linear(x, w["w_gate"], b["b_gate"]), F.linear(x, w["w_up"], b["b_up"])
         if moe.swiglu_limit:
             gate, up = gate.clamp(max=moe.swiglu_limit), up.clamp(-moe.swiglu_limit, moe.swiglu_limit)
             hidden = (up + 1) * gate * torch.sigmoid(gate * moe.swiglu_alpha)
         else:
-            hidden = act(gate) * up
+            hidden = self._act(gate) * up
         down_bias = b["b_down"]
         layout = self.ctx.layout
         if down_bias is not None and layout.tp > 1 and layout.ep == 1:  # experts split by columns over the TP ranks:
