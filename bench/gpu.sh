@@ -4,6 +4,7 @@
 #   bench/gpu.sh table           every H200 row of bench/README.md's table (about 8 minutes on one H200)
 #   bench/gpu.sh long            the long-prompt rows: bench prefill of llama-3.1-8b, 16k-128k tokens (~4 min, H100)
 #   bench/gpu.sh matrix          the decode grid: three models x best, reference x batch 1-128 x context 1k-32k
+#   bench/gpu.sh grid            the plan's calibration grid: three models x best x batch 1-256 x context 1k-32k
 #   bench/gpu.sh serve           serving llama-3.1-8b (best-known candidate, paged KV pool, --no-canary) through
 #                                athanor serve: Azure conversation (1,000 requests, prompts <= 4k) at concurrency 64,
 #                                128 and 256; 32 prompts of 1,024 tokens at once against the bare batch-32 step; then
@@ -24,8 +25,8 @@ cd "$(dirname "$0")/.."
 set_name=${1:-}
 [ $# -gt 0 ] && shift
 case "$set_name" in
-  table|long|matrix|serve|mooncake|tests) ;;
-  *) echo "usage: bench/gpu.sh table|long|matrix|serve|mooncake|tests [pytest args]  (the sets are listed at the top of bench/gpu.sh)" >&2
+  table|long|matrix|grid|serve|mooncake|tests) ;;
+  *) echo "usage: bench/gpu.sh table|long|matrix|grid|serve|mooncake|tests [pytest args]  (the sets are listed at the top of bench/gpu.sh)" >&2
      exit 2 ;;
 esac
 
@@ -99,6 +100,12 @@ case "$set_name" in
     for model in llama-3.2-1b llama-3.1-8b qwen3-30b-a3b; do
       # 20 steps at least: qwen3's reference takes up to a second a step at batch 32-128.
       decode "$model" best,reference matrix --batch 1,8,32,128 --context 1024,8192,32768 --iters 20
+    done
+    ;;
+  grid)
+    # `athanor plan --calibrate` fits on batch {1, 8, 64} x context {1k, 8k} and is scored on the other cells.
+    for model in llama-3.2-1b llama-3.1-8b qwen3-30b-a3b; do
+      decode "$model" best grid --batch 1,8,32,64,128,256 --context 1024,8192,32768 --iters 20
     done
     ;;
   serve|mooncake)
