@@ -103,18 +103,13 @@ def replay_routing(model: Model, profile_path: str | None, max_batch: int) -> tu
     The fit runs the reference over real English text (the traffic corpus, as UTF-8 bytes: random
     presets have no tokenizer, and replay needs the token correlations of text, not noise).
     """
-    import json
-
     from athanor.traffic.corpus import sentences
-    from athanor.traffic.routing import RoutingProfile, apply_router_bias, fit_router_bias, parametric_routing
+    from athanor.traffic.routing import apply_router_bias, fit_router_bias, load_routing, parametric_routing
 
     spec, moe = model.spec, model.spec.moe
     assert moe is not None
     if profile_path:
-        path = Path(profile_path)
-        if not path.is_file():
-            raise ConfigError(f"--routing {profile_path}: no such file (a RoutingProfile JSON; see bench/README.md)")
-        profile = RoutingProfile.from_dict(json.loads(path.read_text()))
+        profile = load_routing(profile_path, spec)
     else:
         profile = parametric_routing(spec.num_layers, moe.num_experts, moe.top_k, max_batch=max_batch)
     texts = [[b + 1 for b in s.encode()][:64] for s in sentences()[:48]]

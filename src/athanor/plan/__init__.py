@@ -9,42 +9,21 @@ level, since the best layout moves with concurrency.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
-import statistics
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from athanor.errors import ConfigError
 from athanor.model import Layout, ModelSpec
-from athanor.plan.cost import decode_step, held_bytes, layouts, prefill_s
+from athanor.plan.calibration import Calibration
+from athanor.plan.cost import DecodeFit, decode_step, held_bytes, layouts, prefill_s
 from athanor.plan.hardware import Hardware
 from athanor.traffic import TrafficProfile
 
+if TYPE_CHECKING:
+    from athanor.traffic.routing import RoutingProfile
+
 DEFAULT_CONCURRENCY = (1, 8, 32, 64, 128, 256)
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """Measured decode steps over this model's TP1 prediction: the factor applied to the memory/compute term."""
-
-    factor: float = 1.0
-    cells: int = 0
-    spread: tuple[float, float] = (1.0, 1.0)
-    """The smallest and largest ratio of a cell."""
-    source: str = ""
-    link_bytes_s: float = 0.0
-    """The link an `athanor bench collectives` record measured (0: the hardware description's)."""
-    link_latency_s: float = 0.0
-    link_source: str = ""
-
-    def hardware(self, hw: Hardware) -> Hardware:
-        """`hw` with the measured link in place of its described one, where a record measured it."""
-        if not self.link_bytes_s:
-            return hw
-        return dataclasses.replace(hw, link_bytes_s=self.link_bytes_s, link_latency_s=self.link_latency_s)
 
 
 @dataclass(frozen=True)
@@ -71,6 +50,8 @@ class Plan:
     input_mean: float
     output_mean: float
     calibration: Calibration
+    routing: str = ""
+    """The MoE routing profile's source ("": uniform routing)."""
     levels: dict[int, list[Estimate]] = field(default_factory=dict)
     """Per concurrency, every layout, the ones that fit first, by GPU-seconds per 1,000 requests."""
 
@@ -84,16 +65,16 @@ class Plan:
 
         return {"model": self.model, "hardware": asdict(self.hardware), "gpus": self.gpus, "traffic": self.traffic,
                 "input_mean": self.input_mean, "output_mean": self.output_mean,
-                "calibration": asdict(self.calibration),
+                "calibration": asdict(self.calibration), "routing": self.routing,
                 "levels": {str(c): [row(e) for e in rows] for c, rows in self.levels.items()}}
 
 
 def estimate(spec: ModelSpec, hw: Hardware, layout: Layout, concurrency: int, input_mean: float, output_mean: float,
-             scale: float = 1.0) -> Estimate:
+             fit: DecodeFit | None = None, routing: RoutingProfile | None = None) -> Estimate:
     """One layout at one concurrency for a traffic of these mean prompt and output lengths."""
     rows = max(1, math.ceil(concurrency / layout.dp))
     context = int(input_mean + output_mean / 2)  # a decoding sequence's mean cached length
-    step = decode_step(spec, hw, layout, rows, context, scale)
+    step = decode_step(spec, hw, layout, rows, context, fit, routing)
     ttft = prefill_s(spec, hw, layout, max(1, int(input_mean)))
     # A replica spends each request's prefill on it alone and shares each decode step among its rows; with fewer
     # sequences than replicas, the idle ones are paid for all the same (concurrency / dp rows on average).
@@ -103,36 +84,9 @@ def estimate(spec: ModelSpec, hw: Hardware, layout: Layout, concurrency: int, in
                     step.total_s, ttft, step.comm_s / step.total_s if step.total_s else 0.0)
 
 
-def calibrate(spec: ModelSpec, hw: Hardware, records: list[str]) -> Calibration:
-    """Fit the decode term to measured steps: `athanor bench decode` records' cells of this model (its best
-    candidate where the record has several), each cell's ms per step over this model's TP1 prediction; and take
-    the link an `athanor bench collectives` record fitted (the last such record given)."""
-    ratios: list[float] = []
-    link: dict[str, float] = {}
-    link_source = ""
-    for path in records:
-        try:
-            record = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ConfigError(f"--calibrate {path}: not a readable bench record ({e})") from None
-        if record.get("benchmark") == "collectives":
-            link, link_source = record["link"], f"{path} ({record['ranks']} ranks on {record.get('device_name')})"
-            continue
-        for cell in record.get("cells") or ():
-            if cell.get("status") != "ok" or cell.get("model") != spec.name or cell.get("candidate") != "best":
-                continue
-            predicted = decode_step(spec, hw, Layout(), int(cell["batch"]), int(cell["context"])).total_s
-            ratios.append(float(cell["ms_per_token"]) / 1000 / predicted)
-    if not ratios and not link:
-        raise ConfigError(f"--calibrate: no decode cell of {spec.name} (candidate best) and no collectives record in "
-                          f"{', '.join(records)}")
-    decode = (statistics.median(ratios), len(ratios), (min(ratios), max(ratios))) if ratios else (1.0, 0, (1.0, 1.0))
-    return Calibration(*decode, ", ".join(records), link.get("link_bytes_s", 0.0), link.get("link_latency_s", 0.0),
-                       link_source)
-
-
 def make_plan(spec: ModelSpec, hw: Hardware, gpus: int, profile: TrafficProfile,
-              concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY, calibration: Calibration | None = None) -> Plan:
+              concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY, calibration: Calibration | None = None,
+              routing: RoutingProfile | None = None) -> Plan:
     if gpus < 1:
         raise ConfigError(f"--gpus {gpus}: must be at least 1")
     calibration = calibration or Calibration()
@@ -144,9 +98,9 @@ def make_plan(spec: ModelSpec, hw: Hardware, gpus: int, profile: TrafficProfile,
     i, o = float(profile.input.mean), float(profile.output.mean)
     levels = {}
     for c in concurrency:
-        rows = [estimate(spec, hw, layout, c, i, o, calibration.factor) for layout in options]
+        rows = [estimate(spec, hw, layout, c, i, o, calibration.fit, routing) for layout in options]
         levels[c] = sorted(rows, key=lambda e: (not e.fits, e.gpu_s_per_1k))
-    return Plan(spec.name, hw, gpus, profile.source, i, o, calibration, levels)
+    return Plan(spec.name, hw, gpus, profile.source, i, o, calibration, routing.source if routing else "", levels)
 
 
 def render(plan: Plan, top: int = 5) -> str:
@@ -154,9 +108,15 @@ def render(plan: Plan, top: int = 5) -> str:
     lines = [f"{plan.model} on {plan.gpus} x {plan.hardware.name}, traffic {plan.traffic} (mean prompt "
              f"{plan.input_mean:,.0f}, output {plan.output_mean:,.0f} tokens)"]
     c = plan.calibration
-    lines.append(f"calibration: decode x{c.factor:.3f} from {c.cells} measured cells (spread {c.spread[0]:.2f}-"
-                 f"{c.spread[1]:.2f}) of {c.source}" if c.cells else
-                 "calibration: decode from the specification alone (--calibrate a bench decode RECORD fits it)")
+    if c.fit is not None:
+        f = c.fit
+        lines.append(f"calibration: decode fitted to {c.cells} measured cells of {c.source}: step = {f.gemv:.2f} "
+                     f"(one row) or {f.gemm:.2f} (more) x weight bytes' time + {f.kv:.2f} x KV bytes' + "
+                     f"{f.compute:.2f} x FLOPs' + {1e6 * f.overhead_s:.0f} us")
+    else:
+        lines.append("calibration: decode from the specification alone (--calibrate a bench decode RECORD fits it)")
+    if plan.routing:
+        lines.append(f"routing: experts read per step as {plan.routing} activates them")
     if c.link_bytes_s:
         lines.append(f"link: {c.link_bytes_s / 1e9:.1f} GB/s, {1e6 * c.link_latency_s:.1f} us per rank, measured by "
                      f"{c.link_source}")

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from athanor.errors import ConfigError
-from athanor.model import BuildContext, Model, make_prefill_batch
+from athanor.model import BuildContext, Model, ModelSpec, make_prefill_batch
 from athanor.model.reference import ReferenceForward
 
 log = logging.getLogger(__name__)
@@ -121,6 +121,28 @@ def capture_routing(model: Model, sequences: list[list[int]], source: str = "", 
     topk = capture_topk(model, sequences)
     assert model.spec.moe is not None
     return routing_from_topk(topk, model.spec.moe.num_experts, source or f"capture:{model.source}", max_batch)
+
+
+def load_routing(path: str | Path, spec: ModelSpec, flag: str = "--routing") -> RoutingProfile:
+    """A RoutingProfile JSON (`athanor traffic routing` writes one) for the MoE model `spec`; a file that is missing,
+    not a profile, or of other layer or expert counts is refused in one line naming `flag`."""
+    import json
+
+    if spec.moe is None:
+        raise ConfigError(f"{flag} {path}: {spec.name} has no experts to route")
+    try:
+        profile = RoutingProfile.from_dict(json.loads(Path(path).read_text()))
+    except OSError as e:
+        raise ConfigError(f"{flag} {path}: cannot read it ({e.strerror}); make one with athanor traffic routing") \
+            from None
+    except (json.JSONDecodeError, KeyError, TypeError, IndexError) as e:
+        raise ConfigError(f"{flag} {path}: not a RoutingProfile JSON ({e}); make one with athanor traffic routing") \
+            from None
+    moe_layers = spec.num_layers - len(spec.dense_layers)
+    if profile.num_experts != spec.moe.num_experts or profile.num_layers not in (spec.num_layers, moe_layers):
+        raise ConfigError(f"{flag} {path}: {profile.num_layers} layers x {profile.num_experts} experts, but "
+                          f"{spec.name} has {moe_layers} MoE layers x {spec.moe.num_experts} experts")
+    return profile
 
 
 def load_vllm_routed_experts(path: str | Path, num_experts: int, max_batch: int = 64) -> RoutingProfile:

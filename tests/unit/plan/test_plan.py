@@ -8,6 +8,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,10 +16,12 @@ import pytest
 from athanor.errors import ConfigError
 from athanor.model import Layout
 from athanor.model.registry import load_spec
-from athanor.plan import DEFAULT_CONCURRENCY, calibrate, make_plan
-from athanor.plan.cost import decode_step, layouts
+from athanor.plan import DEFAULT_CONCURRENCY, make_plan
+from athanor.plan.calibration import calibrate, check
+from athanor.plan.cost import DecodeFit, decode_step, layouts, touched_experts
 from athanor.plan.hardware import KNOWN, load_hardware
 from athanor.traffic import load_profile
+from athanor.traffic.routing import parametric_routing
 
 H200 = KNOWN["h200"]
 CHAT = load_profile("preset:chat")
@@ -58,20 +61,60 @@ def test_a_free_link_makes_the_widest_tp_the_fastest_at_batch_one() -> None:
     assert fastest.tpot_s == pytest.approx(one / 8, rel=0.1)  # memory-bound: an eighth of the bytes per GPU
 
 
-def test_calibration_scales_the_decode_term_to_the_record(tmp_path: Path) -> None:
+def _record(tmp_path: Path, spec_name: str, step_ms: Callable[[int, int], float | None]) -> str:
+    """A bench decode record of `spec_name`'s best candidate over batch 1-256 x context 1k-32k (None: does not
+    fit), with a reference cell that must be ignored."""
+    cells = []
+    for b in (1, 8, 32, 64, 128, 256):
+        for c in (1024, 8192, 32768):
+            ms = step_ms(b, c)
+            cells.append({"model": spec_name, "candidate": "best", "batch": b, "context": c,
+                          **({"status": "ok", "ms_per_token": ms} if ms is not None else {"status": "does_not_fit"})})
+    cells.append({**cells[0], "candidate": "reference", "ms_per_token": 99.0})
+    path = tmp_path / f"decode_{spec_name}.json"
+    path.write_text(json.dumps({"benchmark": "decode", "cells": cells}))
+    return str(path)
+
+
+def test_the_fit_recovers_known_coefficients_and_scores_cells_it_did_not_see(tmp_path: Path) -> None:
     spec = load_spec("llama-3.1-8b")
-    cells = [{"model": spec.name, "candidate": "best", "status": "ok", "batch": b, "context": c,
-              "ms_per_token": 1.5 * 1000 * decode_step(spec, H200, Layout(), b, c).total_s}
-             for b, c in ((1, 1024), (32, 1024), (8, 8192))]
-    cells.append({**cells[0], "candidate": "reference", "ms_per_token": 99.0})  # not the best candidate: ignored
-    record = tmp_path / "decode.json"
-    record.write_text(json.dumps({"cells": cells}))
-    cal = calibrate(spec, H200, [str(record)])
-    assert cal.cells == 3 and cal.factor == pytest.approx(1.5, rel=0.02)
+    truth = DecodeFit(gemv=1.15, gemm=1.3, kv=1.05, compute=0.4, overhead_s=60e-6)
+
+    def step_ms(b: int, c: int) -> float | None:
+        if b * c > 64 * 8192:  # the KV of these does not fit beside the weights
+            return None
+        return 1000 * decode_step(spec, H200, Layout(), b, c, truth).total_s
+
+    record = _record(tmp_path, spec.name, step_ms)
+    batches, contexts = (1, 8, 64), (1024, 8192)
+    cal = calibrate(spec, H200, [record], None, batches, contexts)
+    assert cal.cells == 6 and cal.fit is not None
+    # A dense model reads the same weights at every cell: only their time plus the fixed cost is identifiable.
+    for name in ("kv", "compute"):
+        assert getattr(cal.fit, name) == pytest.approx(getattr(truth, name), rel=0.02), name
+    result = check(spec, H200, [record], cal, None, batches, contexts)
+    summary = result.summary()
+    assert summary["scored_cells"] == len([r for r in result.rows if r.measured_s is not None]) - 6
+    assert summary["fitted"]["p90"] < 0.01 < summary["spec"]["median"]  # the specification alone errs
+    verdicts = {(r.batch, r.context): r.plan_fits for r in result.rows}
+    assert verdicts[(1, 1024)] and not verdicts[(256, 32768)]
     plain, fitted = (make_plan(spec, H200, 1, CHAT, (32,), c) for c in (None, cal))
-    assert fitted.levels[32][0].tpot_s > 1.3 * plain.levels[32][0].tpot_s
+    assert fitted.levels[32][0].tpot_s > 1.1 * plain.levels[32][0].tpot_s
     with pytest.raises(ConfigError, match="no decode cell of llama-3.2-1b"):
-        calibrate(load_spec("llama-3.2-1b"), H200, [str(record)])
+        calibrate(load_spec("llama-3.2-1b"), H200, [record])
+
+
+def test_measured_routing_reads_fewer_experts_than_uniform() -> None:
+    spec = load_spec("qwen3-30b-a3b")
+    assert spec.moe is not None
+    skewed = parametric_routing(spec.num_layers, spec.moe.num_experts, spec.moe.top_k, zipf=1.2, max_batch=64)
+    for rows in (8, 64, 128, 256):
+        fewer = touched_experts(spec, rows, skewed)
+        assert fewer < touched_experts(spec, rows) <= spec.moe.num_experts, rows
+    assert touched_experts(spec, 64, skewed) == skewed.distinct[63]
+    assert touched_experts(spec, 64, skewed) < touched_experts(spec, 256, skewed)  # past the profile: still grows
+    uniform, measured = (decode_step(spec, H200, Layout(), 32, 1024, routing=r).weight_s for r in (None, skewed))
+    assert measured < uniform
 
 
 def test_hardware_from_a_file_and_its_errors(tmp_path: Path) -> None:
