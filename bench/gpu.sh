@@ -4,6 +4,7 @@
 #   bench/gpu.sh table           every H200 row of bench/README.md's table (about 8 minutes on one H200)
 #   bench/gpu.sh long            the long-prompt rows: bench prefill of llama-3.1-8b, 16k-128k tokens (~4 min, H100)
 #   bench/gpu.sh matrix          the decode grid: three models x best, reference x batch 1-128 x context 1k-32k
+#   bench/gpu.sh evaluate        the evaluator on llama-3.2-1b: its A/A noise floor and the planted candidate (~3 min)
 #   bench/gpu.sh grid            the plan's calibration grid: three models x best x batch 1-256 x context 1k-32k
 #   bench/gpu.sh serve           serving llama-3.1-8b (best-known candidate, paged KV pool, --no-canary) through
 #                                athanor serve: Azure conversation (1,000 requests, prompts <= 4k) at concurrency 64,
@@ -25,8 +26,8 @@ cd "$(dirname "$0")/.."
 set_name=${1:-}
 [ $# -gt 0 ] && shift
 case "$set_name" in
-  table|long|matrix|grid|serve|mooncake|tests) ;;
-  *) echo "usage: bench/gpu.sh table|long|matrix|grid|serve|mooncake|tests [pytest args]  (the sets are listed at the top of bench/gpu.sh)" >&2
+  table|long|matrix|evaluate|grid|serve|mooncake|tests) ;;
+  *) echo "usage: bench/gpu.sh table|long|matrix|evaluate|grid|serve|mooncake|tests [pytest args]  (the sets are listed at the top of bench/gpu.sh)" >&2
      exit 2 ;;
 esac
 
@@ -74,7 +75,14 @@ decode() {  # decode MODEL CANDIDATES NAME ARGS...: a grid of decode cells, one 
     "$@" --json "$OUT/decode_${model}${name}_$tag.json"
 }
 
+evaluate() {
+  step 240 bench evaluate --model llama-3.2-1b --device cuda --dtype bfloat16 --tier slow --max-seqs 8 \
+    --max-seq-len 512 --pairs 200 --prefill-pairs 32 --budget 1.5 --runs 3 \
+    --json "$OUT/evaluate_llama-3.2-1b_$tag.json"
+}
+
 case "$set_name" in
+  evaluate) evaluate ;;
   table)
     for model in llama-3.2-1b llama-3.1-8b; do
       decode "$model" best best --batch 1,32 --context 1024,32768
@@ -87,9 +95,7 @@ case "$set_name" in
     step 120 save-random llama-3.1-8b /tmp/llama-3.1-8b --device cuda --dtype bfloat16
     step 180 bench swap --model /tmp/llama-3.1-8b --device cuda --dtype bfloat16 \
       --json "$OUT/swap_llama-3.1-8b_$tag.json"
-    step 240 bench evaluate --model llama-3.2-1b --device cuda --dtype bfloat16 --tier slow --max-seqs 8 \
-      --max-seq-len 512 --pairs 200 --prefill-pairs 32 --budget 1.5 --runs 3 \
-      --json "$OUT/evaluate_llama-3.2-1b_$tag.json"
+    evaluate
     step 180 bench serve-stream --model llama-3.2-1b --device cuda --json "$OUT/serve_stream_llama-3.2-1b_$tag.json"
     ;;
   long)
