@@ -1,7 +1,7 @@
 """Layouts on the CPU: gloo ranks, each running the reference forward on its shard of a model
 (`athanor.model.shard`), give one device's logits for a packed prefill, a second chunk and decode steps. TP2 for
 a dense, a Qwen-style (q/k norms, biases, tied embeddings) and a MoE (shared expert with a gate) preset; TP4 over
-two KV heads (each repeated on two ranks); EP2 with replicated attention, TP2 with EP2 over the same ranks, DP2
+two KV heads (each repeated on two ranks), TP2 over three KV heads (blocks of one and two); EP2 with replicated attention, TP2 with EP2 over the same ranks, DP2
 replicas (no collective), and DCP2/DCP4 (each rank a share of every sequence's keys), alone and beside EP2."""
 
 from __future__ import annotations
@@ -65,6 +65,9 @@ FAMILIES = {
                               moe=MoESpec(num_experts=8, top_k=2, intermediate_size=16, scoring="sigmoid",
                                           shared_intermediate_size=16, num_groups=4, top_groups=2, routed_scale=2.5),
                               rope_scaling=RopeScaling(factor=4.0, original_max_position_embeddings=16, kind="yarn")),
+    # SmolLM2's head shape: 9 query heads over 3 KV heads, which 2 ranks split one KV group and two
+    "tiny-3kv": _tiny_of("smollm2-135m", num_heads=9, num_kv_heads=3, hidden_size=72, head_dim=8,
+                         intermediate_size=120),
 }
 """Tiny models of the families whose presets are large: every feature of the family, at the tiny presets' scale."""
 
@@ -95,6 +98,7 @@ LAYOUTS = [("tiny-qwen", Layout(tp=2)), ("tiny-moe", Layout(tp=2, ep=2)), ("tiny
            pytest.param("tiny-dense", Layout(tp=4), marks=SLOW), pytest.param("tiny-moe", Layout(ep=2), marks=SLOW),
            pytest.param("tiny-moe", Layout(dp=2), marks=SLOW),
            ("tiny-gpt-oss", Layout(tp=2)), pytest.param("tiny-gemma3", Layout(tp=2), marks=SLOW),
+           ("tiny-3kv", Layout(tp=2)),
            pytest.param("tiny-deepseek", Layout(tp=2), marks=SLOW),
            pytest.param("tiny-deepseek", Layout(ep=2), marks=SLOW),
            pytest.param("tiny-gpt-oss", Layout(tp=2, ep=2), marks=SLOW)]
