@@ -12,7 +12,8 @@ from athanor.bench.collectives import bus_factor, fit_link
 from athanor.cli import main
 from athanor.model import Layout
 from athanor.model.registry import load_spec
-from athanor.plan import calibrate, make_plan, render
+from athanor.plan import make_plan, render
+from athanor.plan.calibration import calibrate
 from athanor.plan.hardware import KNOWN
 from athanor.traffic import load_profile
 
