@@ -14,11 +14,31 @@ from pathlib import Path
 from typing import Any
 
 from athanor import settings
+from athanor.errors import ConfigError
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 SERVING_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 """Decode batch sizes a server captures (up to its --max-seqs): steps of at most 1.5x past 8, so a batch pads by
 at most a third (a decode step reads the weights once whatever its rows, so a few padded rows cost little)."""
+
+
+LAYOUT_KEYS = ("tp", "ep", "dcp", "dp", "pp")
+
+
+def parse_layout(text: str, flag: str = "--layout") -> dict[str, int]:
+    """`tp=2`, `tp=2,ep=2` (or a plan's name, `tp2.ep2`) as degrees by key; a one-line error naming `flag` for any
+    other text."""
+    out: dict[str, int] = {}
+    for part in (x.strip() for x in text.replace(".", ",").split(",")):
+        if not part:
+            continue
+        key = part.rstrip("0123456789=").rstrip("=")
+        value = part[len(key):].lstrip("=")
+        if key not in LAYOUT_KEYS or not value.isdigit() or int(value) < 1 or key in out:
+            raise ConfigError(f"{flag} {text}: give degrees as KEY=N separated by commas, KEY one of "
+                              f"{', '.join(LAYOUT_KEYS)} (e.g. tp=2 or tp=2,ep=2)")
+        out[key] = int(value)
+    return {k: v for k, v in out.items() if v > 1}
 
 
 def decode_buckets(max_seqs: int, sizes: tuple[int, ...] = DEFAULT_BUCKETS) -> tuple[int, ...]:
@@ -87,6 +107,9 @@ class EngineConfig:
     going to a cache of its own (Triton and Inductor load a cached binary by key without checking it)."""
     seed: int = 0
     """Seed of random-weight models."""
+    layout: dict[str, int] = field(default_factory=dict)
+    """Parallel degrees of the replica this engine is rank 0 of (`parse_layout`: keys of `athanor.model.Layout`);
+    empty: one device. The other ranks are processes of its own (`athanor.engine.group`)."""
     cpu_threads: int = 0
     """torch intra-op threads of the worker; 0: on CPU, one less than the usable cores (OpenMP threads that
     compete with the caller for cores spin and slow every step many times over); on CUDA, torch's default."""

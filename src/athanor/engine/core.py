@@ -25,12 +25,13 @@ from athanor.engine import stepwise, trajectory
 from athanor.engine.candidate import Candidate, format_exception, import_candidate, unload_module
 from athanor.engine.config import EngineConfig
 from athanor.engine.graphs import DecodeRunner, StepInputs, check_logits
+from athanor.engine.group import ALONE, Group
 from athanor.engine.isolation import ModuleGuard
 from athanor.engine.pages import block_table
 from athanor.engine.requests import BadRequest, validate_decode, validate_prefill
 from athanor.engine.violations import ViolationWatch
 from athanor.errors import CandidateError
-from athanor.model import BuildContext, Forward, Model, PrefillBatch
+from athanor.model import BuildContext, Forward, Layout, Model, PrefillBatch
 from athanor.model.sampling import sample
 
 log = logging.getLogger(__name__)
@@ -48,9 +49,12 @@ class Resident:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, model: Model, sandbox_report: tuple[str, ...] = ()) -> None:
+    def __init__(self, config: EngineConfig, model: Model, sandbox_report: tuple[str, ...] = (),
+                 group: Group = ALONE) -> None:
         self.config = config
         self.model = model
+        """This rank's shard of the model (the whole model alone)."""
+        self.group = group
         self.device = model.device
         self.sandbox_report = sandbox_report
         self.scratch_root = Path(config.scratch_dir or "/tmp/athanor-engine") / "candidates"
@@ -94,6 +98,19 @@ class Engine:
             exit_if_device_broken(e)
             status = "error"
             error = str(e) if isinstance(e, CandidateError) else f"candidate {cand.id}: {format_exception(e)}"
+        # A layout group's ranks agree before any runs a step (its collectives need every rank), and again after.
+        failed = self._agree(status, error)
+        built_everywhere = not failed
+        if failed and status == "ok":
+            status, error = "error", failed
+        if built_everywhere:
+            try:
+                with self.armed():
+                    assert resident is not None
+                    self._warm(resident, times)
+            except Exception as e:
+                exit_if_device_broken(e)
+                status, error = "error", f"candidate {cand.id}: {format_exception(e)}"
         violations = tuple(self.watch.take()) if self.watch else ()
         # Before _activate's cleanup silently restores them: a candidate that replaced timing or
         # comparison functions at import or build time is reported, not just undone.
@@ -104,6 +121,8 @@ class Engine:
             status = "violation"
             error = "the candidate tried to leave its sandbox: " + "; ".join(violations) + (
                 f"\n{error}" if error else "")
+        if built_everywhere and (failed := self._agree(status, error)) and status == "ok":
+            status, error = "error", failed
         if status != "ok":
             if resident is not None:
                 self._release(resident)
@@ -128,7 +147,8 @@ class Engine:
         num_pages, table = block_table(cfg, self.device)
         ctx = BuildContext(device=self.device, dtype=self.model.dtype, max_seqs=cfg.max_seqs,
                            max_seq_len=cfg.max_seq_len, page_size=cfg.page_size, num_pages=num_pages,
-                           block_table=table, scratch_dir=self.scratch_root / cand.id)
+                           block_table=table, scratch_dir=self.scratch_root / cand.id, rank=self.group.rank,
+                           world_size=self.group.size, layout=Layout(**cfg.layout))
         t = time.perf_counter()
         forward = build(self.model, ctx)
         for name in ("prefill", "decode"):
@@ -136,10 +156,14 @@ class Engine:
                 raise CandidateError(f"candidate {cand.id}: build() returned {type(forward).__name__}, "
                                      f"which has no {name}() method (expected a Forward)")
         runner = DecodeRunner(forward, cfg.max_seqs, self.model.spec.vocab_size, self.device, cfg.buckets)
-        resident = Resident(cand, module, forward, ctx, runner)
         times["build"] = time.perf_counter() - t
+        return Resident(cand, module, forward, ctx, runner)
+
+    def _warm(self, resident: Resident, times: dict[str, float]) -> None:
+        """Capture a built candidate's decode graphs and run its first step."""
+        cfg, runner = self.config, resident.runner
         t = time.perf_counter()
-        if self.use_graphs and bool(getattr(forward, "graph_safe", False)):
+        if self.use_graphs and bool(getattr(resident.forward, "graph_safe", False)):
             runner.capture()
         times["capture"] = time.perf_counter() - t
         t = time.perf_counter()
@@ -150,7 +174,17 @@ class Engine:
                                one))
         self._sync()
         times["first"] = time.perf_counter() - t
-        return resident
+
+    def _agree(self, status: str, error: str) -> str:
+        """"" where every rank of the group reached this point with its swap `status` ok, else what the first rank
+        that failed said (alone: this engine's own failure)."""
+        lines = error.strip().splitlines()
+        errors = self.group.agree("" if status == "ok" else f"{status}: {lines[-1] if lines else ''}")
+        failed = [(rank, e) for rank, e in enumerate(errors) if e]
+        if not failed:
+            return ""
+        rank, what = failed[0]
+        return f"rank {rank} of {self.group.size} failed ({what}); every rank keeps the incumbent"
 
     # -- residents ------------------------------------------------------------------------------
     def _activate(self, cid: str, keep_others: bool) -> None:

@@ -22,6 +22,8 @@ GUARDED_PREFIXES = ("athanor",)
 GUARDED_MODULES = ("torch", "torch.nn.functional", "torch.nn.init", "math", "builtins")
 """Single modules restored too (namespaces only; too many torch submodules to guard all)."""
 GUARDED_CLASSES = ("torch.Tensor",)
+PICKLE_CACHES = frozenset({"__slotnames__"})
+"""Class attributes pickle caches on a class the first time it pickles one of its instances (`copyreg`): not edits."""
 
 
 def _is_guarded(name: str) -> bool:
@@ -77,7 +79,7 @@ class ModuleGuard:
                 del current[key]
             current.update(saved)
         for cls, saved in self._classes:
-            current_cls = dict(vars(cls))
+            current_cls = {k: v for k, v in vars(cls).items() if k not in PICKLE_CACHES}
             if _same(current_cls, saved):
                 continue
             changed.append(f"{cls.__module__}.{cls.__qualname__}")

@@ -8,6 +8,9 @@ candidate could walk around; `athanor.engine.violations` only *reports* attempts
 
 - network: `unshare(CLONE_NEWNET)` (as root), else `CLONE_NEWUSER | CLONE_NEWNET`; the new
   namespace has only a loopback that is down. Landlock (ABI >= 4) also refuses TCP bind/connect.
+  A layout group's rank 0 brings that loopback up and leaves TCP to the namespace instead: its
+  other ranks, started inside it (`athanor.engine.group`), connect to it there, and nothing
+  outside the namespace can be reached from it.
 - filesystem: Landlock refuses every write, create, remove, rename and truncate outside the
   writable directories (scratch, /dev incl. /dev/shm, /proc/self, and the shared compile cache for
   a trusted worker only). Reads stay open.
@@ -23,9 +26,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import logging
 import os
 import resource
+import socket
+import struct
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -86,10 +92,22 @@ def landlock_abi() -> int:
     return max(int(r), 0)
 
 
-def _enter_network_namespace() -> str:
+def _loopback_up() -> str:
+    """Bring up the new namespace's loopback, which is all a layout group's ranks need to reach each other."""
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            flags = struct.unpack("16sH14s", fcntl.ioctl(s, siocgifflags, struct.pack("16sH14s", b"lo", 0, b"")))[1]
+            fcntl.ioctl(s, siocsifflags, struct.pack("16sH14s", b"lo", flags | iff_up, b""))
+    except OSError as e:
+        return f"; its loopback NOT up ({e.strerror})"
+    return ", its loopback up for the layout group's ranks"
+
+
+def _enter_network_namespace(loopback: bool) -> str:
     libc = _libc()
     if libc.unshare(CLONE_NEWNET) == 0:
-        return "network: isolated (new network namespace)"
+        return "network: isolated (new network namespace" + (_loopback_up() if loopback else "") + ")"
     first = ctypes.get_errno()
     uid, gid = os.getuid(), os.getgid()
     if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0:
@@ -97,13 +115,14 @@ def _enter_network_namespace() -> str:
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
             with contextlib.suppress(OSError):
                 Path(f"/proc/self/{name}").write_text(text)
-        return "network: isolated (new user + network namespace)"
+        return "network: isolated (new user + network namespace" + (_loopback_up() if loopback else "") + ")"
     second = ctypes.get_errno()
     return (f"network: NOT isolated (unshare: {errno.errorcode.get(first, first)}, "
             f"with a user namespace: {errno.errorcode.get(second, second)})")
 
 
-def _apply_landlock(writable: Sequence[Path], abi: int) -> list[str]:
+def _apply_landlock(writable: Sequence[Path], abi: int, tcp: bool) -> list[str]:
+    """`tcp`: leave TCP to the network namespace (a layout group's ranks connect over its loopback)."""
     libc = _libc()
     fs = (FS_WRITE_FILE | FS_REMOVE_DIR | FS_REMOVE_FILE | FS_MAKE_CHAR | FS_MAKE_DIR | FS_MAKE_REG
           | FS_MAKE_SOCK | FS_MAKE_FIFO | FS_MAKE_BLOCK | FS_MAKE_SYM)
@@ -111,7 +130,7 @@ def _apply_landlock(writable: Sequence[Path], abi: int) -> list[str]:
         fs |= FS_REFER
     if abi >= 3:
         fs |= FS_TRUNCATE
-    attr = _RulesetAttr(fs, NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 else 0,
+    attr = _RulesetAttr(fs, NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 and not tcp else 0,
                         SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0)
     size = 24 if abi >= 6 else 16 if abi >= 4 else 8  # the struct grew with the ABI
     ruleset = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
@@ -138,7 +157,8 @@ def _apply_landlock(writable: Sequence[Path], abi: int) -> list[str]:
     finally:
         os.close(ruleset)
     lines = [f"filesystem: writes only under {', '.join(allowed)} (Landlock ABI {abi})"]
-    lines.append("tcp: bind/connect refused (Landlock)" if abi >= 4 else "tcp: NOT blocked by Landlock (ABI < 4)")
+    lines.append("tcp: left to the network namespace (the layout group's ranks talk over its loopback)" if tcp
+                 else "tcp: bind/connect refused (Landlock)" if abi >= 4 else "tcp: NOT blocked by Landlock (ABI < 4)")
     lines.append("signals: scoped to the sandbox (Landlock)" if abi >= 6
                  else "signals: NOT scoped (Landlock ABI < 6)")
     return lines
@@ -157,16 +177,17 @@ def _memory_limit(config: SandboxConfig) -> str:
     return f"memory: RLIMIT_DATA {limit / 2**30:.1f} GiB"
 
 
-def enter_sandbox(config: SandboxConfig, writable: Sequence[Path]) -> tuple[str, ...]:
+def enter_sandbox(config: SandboxConfig, writable: Sequence[Path], loopback: bool = False) -> tuple[str, ...]:
     """Confine this process; returns one line per mechanism saying what is (or is not) enforced.
 
-    Call it while the process is single-threaded. `writable` directories are created first.
+    Call it while the process is single-threaded. `writable` directories are created first. `loopback`: the
+    process will start a layout group's other ranks, which connect to it over TCP on the namespace's loopback.
     """
     if not config.enabled:
         return ("sandbox: DISABLED (trusted candidates only)",)
     lines: list[str] = []
     if config.network:
-        lines.append(_enter_network_namespace())
+        lines.append(_enter_network_namespace(loopback))
     else:
         lines.append("network: NOT isolated (disabled in the config)")
     if config.filesystem:
@@ -180,7 +201,7 @@ def enter_sandbox(config: SandboxConfig, writable: Sequence[Path]) -> tuple[str,
             lines.append("filesystem: NOT confined (this kernel has no Landlock)")
         else:
             try:
-                lines.extend(_apply_landlock(dirs, abi))
+                lines.extend(_apply_landlock(dirs, abi, tcp=loopback))
             except OSError as e:
                 lines.append(f"filesystem: NOT confined (Landlock failed: {e})")
     else:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from athanor.engine import auth
+from athanor.engine import auth, group
 from athanor.engine.config import EngineConfig
 from athanor.engine.credentials import drop_credentials
 from athanor.engine.namespaces import launch_info, private_mounts
@@ -27,6 +27,7 @@ from athanor.engine.sandbox import default_writable, enter_sandbox
 
 if TYPE_CHECKING:
     from athanor.engine.core import Engine
+    from athanor.engine.group import Group
     from athanor.model import Model
 
 log = logging.getLogger(__name__)
@@ -46,24 +47,39 @@ def exit_with_parent() -> None:
     threading.Thread(target=poll, daemon=True).start()
 
 
-def _load_model(config: EngineConfig) -> Model:
+def _load_model(config: EngineConfig, group: Group) -> Model:
+    """The model, or this rank's shard of it in a layout group."""
     import torch
 
     from athanor.model.registry import load_model
+    from athanor.model.shard import shard_model
 
     dtype = getattr(torch, config.dtype) if config.dtype else None
     model = load_model(config.model, device=config.device, dtype=dtype, seed=config.seed)
     if config.num_layers:
         model = model.slice(config.num_layers)
+    if group.size > 1:
+        model = shard_model(model, group.rank, config.layout.get("tp", 1), config.layout.get("ep", 1))
     return model
+
+
+def _threads(config: EngineConfig, ranks: int) -> None:
+    import torch
+
+    if config.cpu_threads:
+        torch.set_num_threads(config.cpu_threads)
+    elif config.device == "cpu":  # the usable cores shared by the group's ranks, one left to the caller
+        torch.set_num_threads(max(1, (len(os.sched_getaffinity(0)) - 1) // ranks))
 
 
 def boot(config: EngineConfig, transport: str = "") -> Engine:
     """Enter the sandbox, load the model once and return the sealed `Engine` (no socket yet).
 
     The engine's RPC loop (`serve`) and the serving loop (`athanor.serve.worker`) both start here;
-    `transport` is their report line on how requests are authenticated.
+    `transport` is their report line on how requests are authenticated. In a layout group this process is rank
+    0: it starts the other ranks once in its sandbox (`athanor.engine.group`).
     """
+    ranks = group.group_size(config)
     scratch = Path(config.scratch_dir)
     (scratch / "tmp").mkdir(parents=True, exist_ok=True)
     shared = config.compile_cache_dir()
@@ -75,9 +91,13 @@ def boot(config: EngineConfig, transport: str = "") -> Engine:
         os.environ[name] = value
     os.environ["TMPDIR"] = str(scratch / "tmp")
     writable = default_writable(scratch, Path(config.socket_path).parent, shared if cache == shared else None)
-    report = ([transport] if transport else []) + lines + list(enter_sandbox(config.sandbox, writable))
+    report = ([transport] if transport else []) + lines + list(enter_sandbox(config.sandbox, writable, ranks > 1))
     if config.sandbox.enabled:
         report.append(drop_credentials())  # last: the namespaces, mounts and Landlock above need capabilities
+    if ranks > 1:
+        group.spawn_followers(config)
+        report.append(f"layout: rank 0 of {ranks} ({', '.join(f'{k}={v}' for k, v in config.layout.items())}), "
+                      "the other ranks in this sandbox")
     for line in report:
         if "NOT" in line or "DISABLED" in line:
             log.warning("sandbox: %s", line)
@@ -92,18 +112,32 @@ def boot(config: EngineConfig, transport: str = "") -> Engine:
     if config.device.startswith("cuda:"):
         # Triton launches and CUDA graphs run on the current device, not the one a tensor names
         torch.cuda.set_device(torch.device(config.device))
-    if config.cpu_threads:
-        torch.set_num_threads(config.cpu_threads)
-    elif config.device == "cpu":
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - 1))
+    _threads(config, ranks)
+    rank0 = group.start(config, 0)
     t0 = time.perf_counter()
-    model = _load_model(config)
+    model = _load_model(config, rank0)
     log.info("loaded %s on %s in %.2fs", config.model, config.device, time.perf_counter() - t0)
-    engine = Engine(config, model, tuple(report))
+    engine = Engine(config, model, tuple(report), rank0)
     _rebind_like_dynamo(torch)
     engine.seal([str(w) for w in writable])
     torch.set_grad_enabled(False)  # an inference engine: no autograd state on any candidate's tensors
     return engine
+
+
+def boot_follower(config: EngineConfig, rank: int) -> tuple[Engine, Group]:
+    """Rank `rank` of a layout group, started by rank 0 inside its sandbox (whose namespaces, Landlock domain,
+    dropped capabilities and environment it inherits): join the group, load this rank's shard, seal."""
+    import torch
+
+    from athanor.engine.core import Engine
+
+    _threads(config, group.group_size(config))
+    mine = group.start(config, rank)
+    engine = Engine(config, _load_model(config, mine), (f"rank {rank} of {mine.size}: in rank 0's sandbox",), mine)
+    _rebind_like_dynamo(torch)
+    engine.seal([config.scratch_dir])
+    torch.set_grad_enabled(False)
+    return engine, mine
 
 
 def _rebind_like_dynamo(torch: Any) -> None:
@@ -153,10 +187,11 @@ def serve(config: EngineConfig, key: bytes) -> int:
             request_id, request = 0, None
         else:
             if isinstance(request, p.ShutdownRequest):
+                engine.group.publish(group.Stop())
                 sock.send_multipart([ident, *p.encode(p.AckReply(), request_id)])
                 break
             try:
-                reply = engine.handle(request)
+                reply = group.call(engine, request)
             except Exception as e:  # a bug of the engine's own: answer instead of dying
                 log.exception("engine error on %s", type(request).__name__)
                 reply = p.failure(request, "error", f"engine error: {e!r}")
