@@ -53,6 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=0, help="CPU threads of the worker (0: the engine's default)")
     p.add_argument("--no-canary", action="store_true", help="one resident candidate, whose KV pool takes the "
                    "memory a deploy's challenger would share; /admin/deploy is refused (409)")
+    p.add_argument("--layout", default="", help="serve one replica over several ranks: tp=N, ep=N, dcp=N (e.g. "
+                   "tp=2), each rank a process holding its shard of the model (default: one device)")
     p.add_argument("--no-sandbox", action="store_true", help="run candidate code unconfined (trusted code only)")
     p.set_defaults(func=cmd_serve)
 
@@ -121,6 +123,8 @@ def read_admin_token(path: str) -> str:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from athanor.engine.candidate_dir import load_candidate_dir
+    from athanor.engine.config import EngineConfig, parse_layout
+    from athanor.engine.group import check_layout
     from athanor.errors import ConfigError
     from athanor.model.device import resolve_device
     from athanor.serve.app import run_server
@@ -147,21 +151,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if step_tokens < args.max_seqs:
         raise ConfigError(f"--max-num-batched-tokens {step_tokens}: must be at least --max-seqs "
                           f"({args.max_seqs}), so every running sequence can decode in one step")
+    layout = parse_layout(args.layout)
+    check_layout(EngineConfig(model=args.model, layout=layout))
+    if layout and device.type == "cuda":
+        raise ConfigError(f"--layout {args.layout}: ranks of one replica run on the CPU (gloo) for now; NCCL ranks on "
+                          "several GPUs are not built")
     if args.candidate:
         load_candidate_dir(args.candidate)  # a bad directory is the user's mistake: say so before starting
     check_port_free(args.host, args.port)  # before the model loads, not after
     options = ServeOptions(
         model=args.model, candidate_dir=args.candidate, served_model_name=args.served_model_name, device=str(device),
         dtype=dtype, max_seqs=args.max_seqs, max_seq_len=args.max_seq_len, kv_tokens=args.kv_tokens,
-        threads=args.threads, canaries=not args.no_canary,
+        threads=args.threads, canaries=not args.no_canary, layout=layout,
         sandbox=not args.no_sandbox, admin_token=read_admin_token(args.admin_token_file), api_key=args.api_key,
         log_path=args.log,
         log_prompts=args.log_prompts, store=args.store,
         scheduler=SchedulerConfig(max_num_batched_tokens=step_tokens, max_queue=args.max_queue))
     logging.getLogger("athanor").setLevel(logging.INFO)
-    log.info("serving %s (%s) on %s in %s: up to %d sequences of up to %d tokens, %d tokens a step", args.model,
-             args.candidate or "the reference forward", device, dtype or "the stored dtype", args.max_seqs,
-             args.max_seq_len, step_tokens)
+    log.info("serving %s (%s) on %s%s in %s: up to %d sequences of up to %d tokens, %d tokens a step", args.model,
+             args.candidate or "the reference forward", device, f" as {args.layout}" if layout else "",
+             dtype or "the stored dtype", args.max_seqs, args.max_seq_len, step_tokens)
     run_server(options, args.host, args.port)
     return 0
 

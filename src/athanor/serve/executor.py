@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from athanor.engine import group
 from athanor.engine.candidate import format_exception
 from athanor.engine.core import Engine, Resident, exit_if_device_broken
 from athanor.engine.graphs import StepInputs, check_logits
@@ -73,6 +74,8 @@ def distribution_gap(ref: Tensor, cand: Tensor) -> tuple[list[float], list[bool]
 class Executor:
     def __init__(self, engine: Engine, scheduler: Scheduler) -> None:
         self.engine = engine
+        self.group = engine.group
+        """The engine's layout group: its other ranks make each model call this executor makes (no chained steps)."""
         self.scheduler = scheduler
         self.device = engine.device
         self.vocab_size = engine.model.spec.vocab_size
@@ -96,7 +99,9 @@ class Executor:
         t = time.perf_counter()
         with self.engine.armed():
             if decode:
-                out, logits, _ = resident.runner.step(x, greedy=self._greedy(chunks))
+                greedy = self._greedy(chunks)
+                self.group.publish(group.Decode(resident.candidate.id, x, greedy))
+                out, logits, _ = resident.runner.step(x, greedy=greedy)
             else:
                 out, logits = self._prefill(resident, chunks, x)
         if while_running is not None:
@@ -114,6 +119,7 @@ class Executor:
             cu.append(cu[-1] + c.end - c.start)
         positions = self._long([p for c in chunks for p in range(c.start, c.end)])
         batch = PrefillBatch(self._long(flat), self._long(cu), positions, x.slots, x.seq_lens)
+        self.group.publish(group.Prefill(resident.candidate.id, batch))
         logits = check_logits(resident.forward.prefill(batch), len(chunks), self.vocab_size, "prefill()")
         last = self._long([c.end - 1 for c in chunks])
         return sample(logits, x.temperature, x.top_p, x.seeds, last), logits
@@ -157,7 +163,7 @@ class Executor:
         if ahead is not None and (decode_logprobs or not self._continues(ahead, plan)):
             ahead.done.synchronize()  # dropped: let it finish before anything can free what it uses
             ahead = None
-        if ((chain or ahead is not None) and not decode_logprobs and len(plan.decode) == 1
+        if ((chain or ahead is not None) and not decode_logprobs and len(plan.decode) == 1 and self.group.size == 1
                 and set(plan.prefill) <= set(plan.decode)):
             (cid, chunks), = plan.decode.items()
             resident = self.engine.residents.get(cid)
@@ -220,7 +226,8 @@ class Executor:
         for cid, pool in self.scheduler.page_pools.items():
             updates = pool.take_updates()
             resident = self.engine.residents.get(cid)
-            if resident is not None:
+            if resident is not None and updates:
+                self.group.publish(group.Pages(cid, updates))
                 write_pages(resident.ctx.table, updates)
 
     def settle(self) -> None:

@@ -33,6 +33,7 @@ def build_with_pool(engine: Engine, incumbent: Candidate, what: str) -> bool:
     split between the residents a canary keeps (the challenger is assumed to hold as much)."""
     import torch
 
+    from athanor.engine import group
     from athanor.engine import protocol as p
     from athanor.model.spec import kv_cache_bytes
     from athanor.seams import pages_for
@@ -40,8 +41,8 @@ def build_with_pool(engine: Engine, incumbent: Candidate, what: str) -> bool:
     cfg, spec = engine.config, engine.model.spec
 
     def build(kv_pages: int) -> bool:
-        engine.config = dataclasses.replace(cfg, kv_pages=kv_pages)
-        reply = engine.swap(p.SwapRequest(incumbent))
+        group.configure(engine, dataclasses.replace(cfg, kv_pages=kv_pages))
+        reply = group.call(engine, p.SwapRequest(incumbent))
         if reply.status != "ok":
             log.error("%s", reply.error)
             log.error("%s did not build: %s", what, (reply.error.strip().splitlines() or ["no error text"])[-1])
@@ -59,7 +60,7 @@ def build_with_pool(engine: Engine, incumbent: Candidate, what: str) -> bool:
             return False
         held = free - torch.cuda.mem_get_info(engine.device)[0]
         besides_pool = max(0, held - (one_context + 1) * page_bytes)
-        engine.close()
+        group.close(engine)
         room = int(free - KV_RESERVE_SHARE * total) - cfg.max_resident * besides_pool
         pages = max(0, room) // (page_bytes * cfg.max_resident) - 1  # each pool has a scratch page too
         log.info("KV pool: %.2f GiB free after the weights; the candidate holds %.2f GiB besides its pool; %d "

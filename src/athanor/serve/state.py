@@ -55,6 +55,8 @@ class ServeOptions:
     """Experiment store (path or URL) for deployment records; empty: none."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     canary: CanaryConfig = field(default_factory=CanaryConfig)
+    layout: dict[str, int] = field(default_factory=dict)
+    """Parallel degrees of the replica (`athanor.engine.config.parse_layout`); empty: one device."""
     canaries: bool = True
     """Keep room for a deploy's challenger beside the incumbent. False: one resident, whose KV pool takes the whole
     memory a canary would split, and `/admin/deploy` answers 409."""
@@ -117,7 +119,7 @@ class ServerState:
                               scratch_dir=str(run_dir / "scratch"), socket_path=sock,
                               sandbox=SandboxConfig(enabled=o.sandbox), cpu_threads=o.threads,
                               cache_dir=str(serving_cache(o.candidate_dir)), trusted=True,
-                              max_resident=2 if o.canaries else 1)
+                              max_resident=2 if o.canaries else 1, layout=o.layout)
         config = WorkerConfig(engine, sock, o.candidate_dir, o.scheduler, o.canary)
         self.handle = WorkerHandle(config, run_dir, on_step=self.metrics.on_step, on_deployment=self.on_deployment)
         status = await self.handle.start()

@@ -24,6 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from athanor.engine import group
 from athanor.engine.auth import REPORT, read_key, verify
 from athanor.serve import messages as m
 from athanor.serve.config import WorkerConfig
@@ -159,8 +160,8 @@ class ServingLoop:
         self.canary = canary
         self._report_deploy()
         self.executor.settle()
-        reply = self.engine.swap(p.SwapRequest(candidate, keep_incumbent=True))
-        self.engine.activate(p.ActivateRequest(self.incumbent))  # the incumbent serves until the canary passes
+        reply = group.call(self.engine, p.SwapRequest(candidate, keep_incumbent=True))
+        group.call(self.engine, p.ActivateRequest(self.incumbent))  # the incumbent serves until the canary passes
         if reply.status != "ok":
             canary.fail(f"the candidate did not build ({reply.status}): {reply.error.strip()[-2000:]}")
         else:
@@ -178,7 +179,7 @@ class ServingLoop:
             for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
                 self.scheduler.drop_twin(seq)
         if canary.phase == "deployed":
-            self.engine.activate(p.ActivateRequest(canary.candidate_id))
+            group.call(self.engine, p.ActivateRequest(canary.candidate_id))
             self.retiring, self.incumbent = self.incumbent, canary.candidate_id
         elif canary.phase == "rolled_back":
             self.retiring = canary.candidate_id
@@ -192,7 +193,7 @@ class ServingLoop:
             return
         if self.retiring in self.engine.residents:
             self.executor.settle()
-            self.engine.drop(p.DropRequest(self.retiring))
+            group.call(self.engine, p.DropRequest(self.retiring))
         self.scheduler.remove_candidate(self.retiring)
         self.retiring = None
 
@@ -346,6 +347,7 @@ def run_worker(config: WorkerConfig, key: bytes) -> int:
              "(%.2f GiB of candidate state)", engine.active, path, cfg.kv_pages * cfg.page_size, cfg.kv_pages,
              cfg.page_size, cfg.max_seqs, cfg.max_seq_len, state / 2**30)
     ServingLoop(config, engine, sock, key).run()
+    engine.group.publish(group.Stop())
     sock.close()
     ctx.term()
     return 0
