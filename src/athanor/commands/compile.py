@@ -71,7 +71,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     w = sub.add_parser("watch", help="follow a request log; on drift, recompile and deploy the winner")
     w.add_argument("--model", default="smollm2-135m")
     w.add_argument("--log", required=True, help="the server's request log (JSONL) to follow")
-    w.add_argument("--server", required=True, help="the server's URL, e.g. http://127.0.0.1:8000")
+    w.add_argument("--server", required=True, action="append", help="the server's URL, e.g. http://127.0.0.1:8000; "
+                   "given again, more servers the winner is rolled out to after the first, one canary at a time")
     w.add_argument("--admin-token-file", default="", help="file holding the server's admin token")
     w.add_argument("--budget", default="10m", help="time budget of each compile session (e.g. 90s, 10m)")
     w.add_argument("--window", default="60s", help="traffic window compared for drift (e.g. 60s, 10m)")
@@ -82,6 +83,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--store", default="", help="an experiment store (path or URL) to record each window's traffic, "
                                                "drift and recompile in (what the dashboard's traffic page shows)")
     w.set_defaults(func=cmd_watch)
+
+    d = sub.add_parser("deploy", help="deploy a candidate directory to servers, one canary at a time, rolling every "
+                                      "server back at the first that fails")
+    d.add_argument("candidate", help="the candidate directory (a compile's winner/, or athanor candidate pack's)")
+    d.add_argument("--server", required=True, action="append", help="a server's URL; give it once per server, in "
+                                                                     "the order to deploy")
+    d.add_argument("--admin-token-file", default="", help="file holding the servers' admin token")
+    d.add_argument("--timeout", type=float, default=600.0, help="seconds each server's canary may take")
+    d.add_argument("--store", default="", help="an experiment store (path or URL) to record each server's deployment")
+    d.set_defaults(func=cmd_deploy)
 
 
 COMPILE_DEFAULTS: dict[str, Any] = {"model": "smollm2-135m", "traffic": "preset:chat", "budget": "10m",
@@ -227,7 +238,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from athanor.progress import Progress
 
     logging.getLogger("athanor").setLevel(logging.INFO)
-    options = WatchOptions(model=args.model, log=args.log, server=args.server,
+    options = WatchOptions(model=args.model, log=args.log, server=args.server[0], fleet=tuple(args.server[1:]),
                            admin_token=read_admin_token(args.admin_token_file), budget=args.budget,
                            window=args.window, state=args.state, workdir=args.workdir, device=args.device,
                            follow=not args.once, store=args.store)
@@ -238,6 +249,22 @@ def cmd_watch(args: argparse.Namespace) -> int:
             tally.see(line)
             progress.set(tally.text())
     return 0
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    """Exit 0 when every server took the candidate, 1 when the rollout stopped (and rolled back)."""
+    from athanor.commands.serve import read_admin_token
+    from athanor.engine.candidate_dir import load_candidate_dir
+    from athanor.loop.fleet import roll_out
+    from athanor.store import open_store
+
+    load_candidate_dir(args.candidate)  # a bad directory is a one-line error before any server is touched
+    store = open_store(args.store) if args.store else None
+    rollout = roll_out([s.rstrip("/") for s in args.server], read_admin_token(args.admin_token_file),
+                       Path(args.candidate), args.timeout, store, print)
+    print(f"rollout {rollout.status}" + (f": {rollout.reason}" if rollout.reason else
+                                         f" to {len(rollout.outcomes)} server(s)"))
+    return 0 if rollout.status == "deployed" else 1
 
 
 def _print_summary(console, summary: dict) -> None:

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 
 from athanor.errors import ConfigError
 from athanor.loop.config import CompileConfig
+from athanor.loop.fleet import roll_out, served_candidate
 from athanor.loop.session import compile_session
 from athanor.store import open_store
 from athanor.traffic import DriftMonitor, RequestChunk, TrafficProfile, profile_chunks
@@ -44,7 +44,10 @@ class WatchOptions:
     log: str
     """The server's request log (JSONL; `athanor` or Mooncake records)."""
     server: str
-    """The server's base URL (its admin API deploys the winner)."""
+    """The server's base URL: what it serves is the incumbent a recompile must beat, and its admin API deploys the
+    winner."""
+    fleet: tuple[str, ...] = ()
+    """More servers the winner is rolled out to after `server`, one canary at a time (`athanor.loop.fleet`)."""
     admin_token: str = ""
     budget: str = "10m"
     """Time budget of each compile session."""
@@ -212,11 +215,18 @@ class Watcher:
             yield f"recompile {index}: nothing was confirmed faster than {against}; the server keeps it"
             self._outcome({"recompile": {"session": str(out), "against": served_id, "status": "no winner"}})
         else:
-            yield f"recompile {index}: winner {winner}; deploying to {self.options.server}"
-            dep = deploy(self.options.server, self.options.admin_token, winner, self.options.deploy_timeout_s)
+            servers = [self.options.server, *self.options.fleet]
+            yield f"recompile {index}: winner {winner}; deploying to {', '.join(servers)}"
+            lines: list[str] = []
+            rollout = roll_out(servers, self.options.admin_token, winner, self.options.deploy_timeout_s, self.store,
+                               lines.append)
+            dep = rollout.outcomes[0].deployment
             self.state.deployments.append(dep)
             self._outcome({"recompile": {"session": str(out), "against": served_id, "status": "deployed",
-                                         "winner": dep.get("candidate_id"), "deployment": dep}})
+                                         "winner": dep.get("candidate_id"), "deployment": dep,
+                                         "rollout": rollout.status, "reason": rollout.reason}})
+            if self.options.fleet:
+                yield from lines
             yield f"deploy {dep.get('id')}: {dep.get('candidate_id')} {dep.get('phase')} {dep.get('reason', '')}".rstrip()
         self.state.pending = None
         self._save()
@@ -235,23 +245,6 @@ class Watcher:
             self.store.update_traffic_snapshot(self._snapshot, what)
 
 
-def served_candidate(server: str, token: str) -> tuple[str, Path | None]:
-    """What the server serves now (`GET /admin/current`): its candidate id, and the directory it was
-    loaded from (None: the built-in reference forward)."""
-    try:
-        r = httpx.get(f"{server}/admin/current", headers={"Authorization": f"Bearer {token}"}, timeout=30)
-    except httpx.HTTPError as e:
-        raise ConfigError(f"--server {server}: cannot ask what it serves ({e}); is the server up?") from None
-    if r.status_code != 200:
-        raise ConfigError(f"--server {server}: GET /admin/current answered HTTP {r.status_code}: {r.text[:300]}")
-    body = r.json()
-    directory = body.get("candidate_dir")
-    if directory and not Path(directory).is_dir():
-        raise ConfigError(f"--server {server}: it serves {body['candidate_id']} from {directory}, which this "
-                          "machine cannot read; run the watch where the server's candidate directories are")
-    return str(body["candidate_id"]), Path(directory) if directory else None
-
-
 def compile_winner(model: str, traffic: Path, budget_s: float, device: str, out: Path,
                    incumbent: Path | None = None) -> Path | None:
     """Run one compile session for `traffic`, timed against `incumbent` (a candidate directory; None: the
@@ -260,21 +253,6 @@ def compile_winner(model: str, traffic: Path, budget_s: float, device: str, out:
                                   incumbent=incumbent))
     winner = out / "winner"
     return winner if (winner / "candidate.py").is_file() else None
-
-
-def deploy(server: str, token: str, candidate_dir: Path, timeout_s: float) -> dict[str, Any]:
-    """Deploy through the admin API and wait for the canary's outcome; the final deployment record."""
-    headers = {"Authorization": f"Bearer {token}"}
-    with httpx.Client(base_url=server, headers=headers, timeout=30) as client:
-        r = client.post("/admin/deploy", json={"candidate_dir": str(candidate_dir.resolve())})
-        if r.status_code != 202:
-            return {"phase": "failed", "reason": f"HTTP {r.status_code}: {r.text[:500]}", "candidate_id": ""}
-        dep: dict[str, Any] = r.json()["deployment"]
-        deadline = time.monotonic() + timeout_s
-        while dep["phase"] not in ("deployed", "rolled_back", "failed") and time.monotonic() < deadline:
-            time.sleep(0.5)
-            dep = client.get(f"/admin/deployments/{dep['id']}").json()["deployment"]
-        return dep
 
 
 def watch(options: WatchOptions) -> Iterator[str]:
