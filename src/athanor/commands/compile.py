@@ -58,6 +58,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-seq-len", type=int, default=0, help="longest context held (0: device default)")
     p.add_argument("--dashboard", default="", metavar="URL", help="the base URL of an `athanor dashboard --store "
                    "OUT` that shows this run: report.md links its pages")
+    p.add_argument("--store", default="", help="the experiment store: a path or a postgresql:// URL shared by a "
+                   "team's runs (default: a SQLite file in --out)")
+    p.add_argument("--cluster", default="", metavar="ADDRESS", help="screen on a Ray cluster's screeners, one per "
+                   "GPU (or CPU) of it: auto (the cluster this process is in), HOST:PORT or ray://HOST:PORT; needs "
+                   "athanor[cluster]")
     g = p.add_argument_group("LLM coder (--agents llm)")
     g.add_argument("--llm-base-url", default=None)
     g.add_argument("--llm-model", default=None)
@@ -174,7 +179,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         model=args.model, traffic=args.traffic, budget_s=parse_duration(args.budget),
         agents=tuple(parse_agent_names(args.agents)), device=device.type, dtype=args.dtype, out_dir=Path(args.out),
         resume=args.resume, bitwise=args.bitwise, seed=args.seed, max_seqs=args.max_seqs,
-        max_seq_len=args.max_seq_len, dashboard=args.dashboard,
+        max_seq_len=args.max_seq_len, dashboard=args.dashboard, cluster=args.cluster,
+        store=args.store,
         incumbent=Path(args.incumbent) if args.incumbent is not None else None,
         quality=parse_budget(args.quality_budget),
         agents_config=AgentsConfig(llm=dataclasses.replace(LLMConfig(), **llm),

@@ -2,7 +2,10 @@
 
 A timing taken while another engine, agent or compile uses the same device is noise, so every
 athanor process that times or compiles on a device holds that device's lock: an `fcntl.flock`
-on a file in the cache directory (`athanor.settings.cache_dir()/locks/<device>.lock`). The kernel releases
+on a file in the cache directory (`athanor.settings.cache_dir()/locks/<device>.lock`). On the CPU
+the device is the cores the process may run on: one lock per core of its affinity, taken in
+order, so processes pinned to different cores (a cluster's screeners) time at once while one
+that may use every core waits for all of them. The kernel releases
 it when the holder dies, so a crashed evaluator never wedges the others. Other athanor
 processes wait on the same lock (`device_lock(device)`); the lock is advisory, and non-athanor
 processes are not held.
@@ -29,21 +32,36 @@ def lock_dir() -> Path:
     return cache_dir() / "locks"
 
 
-def lock_path(device: str) -> Path:
-    """One lock per physical device: "cuda" and "cuda:0" are the same device; every CPU is "cpu"."""
+def lock_paths(device: str) -> list[Path]:
+    """The locks of a physical device: "cuda" and "cuda:0" are the same device; on the CPU, one per core this
+    process may run on."""
     name = device.strip().lower()
+    if name.startswith("cpu"):
+        return [lock_dir() / f"cpu{core}.lock" for core in sorted(os.sched_getaffinity(0))]
     if name == "cuda":
         name = "cuda:0"
-    name = "cpu" if name.startswith("cpu") else name
-    return lock_dir() / (re.sub(r"[^a-z0-9_.-]", "_", name) + ".lock")
+    return [lock_dir() / (re.sub(r"[^a-z0-9_.-]", "_", name) + ".lock")]
+
+
+def lock_path(device: str) -> Path:
+    """The first of `lock_paths`: the one every holder of the device takes first."""
+    return lock_paths(device)[0]
 
 
 @contextlib.contextmanager
 def device_lock(device: str, timeout_s: float = 3600.0) -> Iterator[float]:
-    """Hold `device` exclusively; yields the seconds waited. TimeoutError after `timeout_s`."""
-    path = lock_path(device)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Hold `device` exclusively (every lock of it, in order); yields the seconds waited. TimeoutError after
+    `timeout_s`."""
     t0 = time.monotonic()
+    with contextlib.ExitStack() as held:
+        for path in lock_paths(device):
+            held.enter_context(_flock(path, t0, timeout_s))
+        yield time.monotonic() - t0
+
+
+@contextlib.contextmanager
+def _flock(path: Path, t0: float, timeout_s: float) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as f:
         logged = False
         while True:
@@ -62,7 +80,7 @@ def device_lock(device: str, timeout_s: float = 3600.0) -> Iterator[float]:
             f.truncate()
             f.write(f"{os.getpid()}\n")
             f.flush()
-            yield time.monotonic() - t0
+            yield
         finally:
             f.seek(0)
             f.truncate()  # empty while free: the file names the holder only while it holds the lock

@@ -54,6 +54,12 @@ class CompileConfig:
     """A candidate directory (`candidate.py` + `manifest.json`, as `winner/` and the server's `--candidate`) to
     beat: every candidate is timed against it instead of the reference forward, the reference itself is the
     first contender, and a winner must be faster than it. None: everything is quoted against the reference."""
+    store: str = ""
+    """The experiment store (a path or a `postgresql://` URL, shared by the runs of a team); empty: a SQLite file in
+    `out_dir`."""
+    cluster: str = ""
+    """A Ray cluster (`auto`, `HOST:PORT`, `ray://HOST:PORT`) whose screeners run the fast tier in parallel
+    (`athanor.loop.cluster`); empty: this machine's fast tier, and Ray is not imported."""
     agents_config: AgentsConfig = field(default_factory=AgentsConfig)
 
     def __post_init__(self) -> None:

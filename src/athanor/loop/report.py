@@ -57,7 +57,7 @@ def _lineage(session: Session, candidate_id: str) -> list[dict[str, str]]:
 def write_report(session: Session, elapsed_s: float, interrupted: bool) -> dict[str, Any]:
     cfg, out = session.config, session.config.out_dir
     winner_id = session.winner_id()
-    evaluations = session.evaluations()
+    evaluations = [ev for ev in session.evaluations() if ev.stage != "worker-lost"]  # the lost are run again
     per_agent = Counter(ev.author for ev in evaluations if ev.tier == "fast")
     per_tier = Counter(ev.tier for ev in evaluations)
     output_tokens = session.profile.output.mean * 1000  # per 1,000 requests
@@ -72,6 +72,8 @@ def write_report(session: Session, elapsed_s: float, interrupted: bool) -> dict[
     }
     if cfg.dashboard:
         summary["dashboard"] = f"{cfg.dashboard.rstrip('/')}/runs/{session.run_id}"
+    if session.workers_lost:
+        summary["workers_lost"] = list(session.workers_lost)
     against = "the reference"
     if session.incumbent is not None:
         m = session.incumbent.manifest
@@ -168,6 +170,9 @@ def render_markdown(summary: dict[str, Any]) -> str:
         lines += ["", "Lineage: " + " <- ".join(f"`{c['id']}` ({c['author']})" for c in summary["lineage"]), ""]
     else:
         lines += [f"No verified winner: {summary.get('reason', '')}.", ""]
+    if summary.get("workers_lost"):
+        lines += ["Screeners lost during the run (each screen was run again): "
+                  + "; ".join(summary["workers_lost"]) + ".", ""]
     lines += ["## Candidates evaluated", "",
               "Per agent (fast tier): " + ", ".join(f"{k} {v}" for k, v in summary["candidates_evaluated"]["per_agent"]
                                                     .items()),

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from athanor.agents.base import Agent, AgentContext, AgentError
 from athanor.agents.board import Board
@@ -47,6 +47,9 @@ from athanor.loop.status import (
 )
 from athanor.store import EvaluationRecord, Store, open_store
 from athanor.traffic import TrafficProfile, load_profile
+
+if TYPE_CHECKING:
+    from athanor.loop.cluster import ScreenPool
 
 log = logging.getLogger(__name__)
 Events = Callable[[str], None]
@@ -89,6 +92,10 @@ class Session:
         """Proposals screened in this session after which the search stops (None: the budget alone stops it)."""
         self.screened = 0
         """Proposals screened so far in this session (the reference as a contender is nobody's proposal)."""
+        self.pool: ScreenPool | None = None
+        """The cluster's screeners (`CompileConfig.cluster`); None: screening on this machine's fast tier."""
+        self.workers_lost: list[str] = []
+        """Which screener died during which screen (the report names them)."""
         self.reserve = 0.0
         """Seconds of the budget kept for the first confirmation (set as the run starts)."""
         self._budget_start = clock()
@@ -109,7 +116,7 @@ class Session:
         self.baseline: Candidate = self.incumbent or self.reference
         """What every candidate is timed against (and a winner must beat)."""
         config.out_dir.mkdir(parents=True, exist_ok=True)
-        self.store: Store = open_store(config.out_dir)
+        self.store: Store = open_store(config.store or config.out_dir)
         self.run_id = self._start_or_resume()
         self.board = Board(self.store, self.run_id)
         self.agents = make_agents(list(config.agents), agents_config, board=self.board)
@@ -186,6 +193,13 @@ class Session:
         interrupted = False
         fast = Evaluator(cfg.evaluate_config("fast"))
         slow = Evaluator(cfg.evaluate_config("slow"))
+        if cfg.cluster:
+            from athanor.loop.cluster import ScreenPool
+
+            self._show(f"starting the screeners on the cluster {cfg.cluster}")
+            self.pool = ScreenPool(cfg.cluster, cfg.evaluate_config("fast"))
+            nodes = len({pl.node_id for pl in self.pool.placements})
+            self.emit(f"cluster {cfg.cluster}: {len(self.pool)} screeners on {nodes} node(s)")
         measured = measured_reserve(cfg.confirmation_key)
         reserve = cfg.reserve_s(measured)
         self.reserve = reserve
@@ -209,6 +223,8 @@ class Session:
             self._show("stopping the engines")
             fast.close()
             slow.close()
+            if self.pool is not None:
+                self.pool.close()
         self._show("writing the report")
         summary = write_report(self, time.monotonic() - started, interrupted)
         status = "interrupted" if interrupted else "finished"
@@ -224,34 +240,65 @@ class Session:
         if self.incumbent is not None and self.reference.id not in (self.incumbent.id, *self.fast_verdicts):
             self._screen(fast, self.reference)
         active = {a.name: a for a in self.agents}
+        width = len(self.pool) if self.pool is not None else 1  # proposals screened at once
         while not self._search_over(deadline) and active:
-            agent = active[self.budget.choose(list(active))]
-            self._show(f"agent {agent.name} proposing")
-            try:
-                proposals = agent.propose(self._context())
-            except AgentError as e:
-                self.board.warning(agent.name, str(e))
-                self.emit(f"{agent.name}: {e} (agent stopped)")
-                del active[agent.name]
-                continue
-            if not proposals:
-                self.emit(f"{agent.name}: nothing new to propose")
-                del active[agent.name]
-                continue
-            for proposal in proposals:
-                if self._search_over(deadline):
-                    break
-                cand = Candidate.from_source(proposal.source, parent=proposal.parent_id, author=proposal.author,
-                                             description=proposal.description)
-                self.sources[cand.id] = cand
-                self.store.add_candidate(self.run_id, cand.source, parent_id=proposal.parent_id,
-                                         author=proposal.author, description=proposal.description,
-                                         manifest=cand.manifest.__dict__)
-                started = self.clock()
-                self._screen(fast, cand)
+            batch: list[Candidate] = []
+            while len(batch) < width and active and not self._full(batch, deadline):
+                agent = active[self.budget.choose(list(active))]
+                self._show(f"agent {agent.name} proposing")
+                try:
+                    proposals = agent.propose(self._context())
+                except AgentError as e:
+                    self.board.warning(agent.name, str(e))
+                    self.emit(f"{agent.name}: {e} (agent stopped)")
+                    del active[agent.name]
+                    continue
+                if not proposals:
+                    self.emit(f"{agent.name}: nothing new to propose")
+                    del active[agent.name]
+                    continue
+                for proposal in proposals:
+                    if self._full(batch, deadline):
+                        break
+                    batch.append(Candidate.from_source(proposal.source, parent=proposal.parent_id,
+                                                       author=proposal.author, description=proposal.description))
+            self._screen_batch(fast, batch, deadline, guess)
+
+    def _full(self, batch: list[Candidate], deadline: float) -> bool:
+        """No more proposals this round: the search is over, or the batch makes `max_candidates`."""
+        return self._search_over(deadline) or (self.max_candidates is not None
+                                               and self.screened + len(batch) >= self.max_candidates)
+
+    def _register(self, cand: Candidate) -> None:
+        self.sources[cand.id] = cand
+        m = cand.manifest
+        self.store.add_candidate(self.run_id, cand.source, parent_id=m.parent, author=m.author,
+                                 description=m.description, manifest=m.__dict__)
+
+    def _screen_batch(self, fast: Evaluator, batch: list[Candidate], deadline: float, guess: bool) -> None:
+        """Screen a round's proposals: on the cluster's screeners at once, else one after another here."""
+        if self.pool is not None and batch:
+            for cand in batch:
+                self._register(cand)
+            self._show(f"screening {len(batch)} candidate(s) on {len(self.pool)} screeners")
+            for cand, verdict in self.pool.screen(batch, self.baseline):
+                if verdict.stage == "worker-lost":  # recorded, told to nobody: the candidate is screened again
+                    self.store.record_verdict(self.run_id, verdict.to_dict(), tier="fast")
+                    self.workers_lost.append(verdict.reason)
+                    self.emit(f"[fast] {cand.id} {verdict.reason}")
+                    continue
+                self._screened(cand, verdict, fast.config.margin)
                 self.screened += 1
-                if guess and self.screened == 1:
-                    self._revise_reserve(self.clock() - started, deadline)
+            return
+        for cand in batch:
+            if self._search_over(deadline):  # screens take time: the search may end inside a round
+                return
+            self._register(cand)
+            started = self.clock()
+            self._screen(fast, cand)
+            self.screened += 1
+            if guess and self.screened == 1:
+                self._revise_reserve(self.clock() - started, deadline)
 
     def _revise_reserve(self, first_screen_s: float, deadline: float) -> None:
         """With no record of what confirming costs here, take the first screen's cost (its engines' start and one
@@ -273,14 +320,17 @@ class Session:
     def _screen(self, fast: Evaluator, cand: Candidate) -> None:
         """Time one candidate on the fast tier against the baseline; record it and tell the agents."""
         self._show(f"screening {cand.id} by {cand.manifest.author or 'nobody'}")
-        verdict = fast.evaluate(cand, self.baseline)
+        self._screened(cand, fast.evaluate(cand, self.baseline), fast.config.margin)
+
+    def _screened(self, cand: Candidate, verdict: Verdict, margin: float) -> None:
+        """Record a fast-tier verdict and tell the agents and the budget."""
         self.fast_verdicts[cand.id] = verdict
         record = self.store.record_verdict(self.run_id, verdict.to_dict(), tier="fast")
         for a in self.agents:
             a.observe([record])
         if record.author in self.budget.agents:  # the reference is nobody's proposal
             self.budget.record_evaluation(record)
-        self.emit(verdict_line("fast", cand.manifest.author, cand.manifest.description, verdict, fast.config.margin))
+        self.emit(verdict_line("fast", cand.manifest.author, cand.manifest.description, verdict, margin))
 
     def _confirm(self, slow: Evaluator, deadline: float, margin: float) -> None:
         """Confirm what the fast tier's screen forwards (`worth_confirming` against its `margin`) on the whole

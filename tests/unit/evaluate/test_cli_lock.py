@@ -68,3 +68,35 @@ def test_device_lock_excludes_other_processes(tmp_path: Path, monkeypatch: pytes
                 pass
         finally:
             holder.join()
+
+
+def _hold_on_core(path_env: str, core: int, seconds: float) -> None:
+    import os
+
+    os.environ["ATHANOR_CACHE"] = path_env
+    os.sched_setaffinity(0, {core})
+    with device_lock("cpu"):
+        time.sleep(seconds)
+
+
+def test_processes_pinned_to_other_cores_time_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs two cores to pin two processes apart")
+    monkeypatch.setenv("ATHANOR_CACHE", str(tmp_path))
+    holder = multiprocessing.get_context("fork").Process(target=_hold_on_core, args=(str(tmp_path), cores[0], 1.0))
+    holder.start()
+    first = tmp_path / "locks" / f"cpu{cores[0]}.lock"
+    while not first.exists() or not first.read_text().strip():
+        time.sleep(0.02)
+    try:
+        os.sched_setaffinity(0, {cores[1]})
+        with device_lock("cpu") as waited:  # another core: free at once
+            assert waited < 0.3
+    finally:
+        os.sched_setaffinity(0, set(cores))
+    with device_lock("cpu") as waited:  # every core: waits for the holder of the first
+        assert waited > 0.3
+    holder.join()

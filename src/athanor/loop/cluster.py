@@ -1,0 +1,160 @@
+"""Fast-tier screening fanned out over a Ray cluster (`athanor compile --cluster ADDRESS`).
+
+The compile session stays one process (agents, the board, the budget, the store, confirmation); what it fans out is
+the fast tier's screening. Each screener is a Ray actor holding a persistent `Evaluator` (its engine workers stay up
+between candidates, so a screen costs swaps, not cold starts): one actor per GPU of the cluster, or per CPU where it
+has none, each pinned to one core of its node. Ray places them (one GPU or CPU bundle each, spread over the nodes),
+restarts one whose process dies, and a candidate whose screen was lost with it goes back on the queue.
+
+The sandbox holds: an actor is a supervisor like the session's own evaluator. Candidate code runs only in the engine
+workers it starts, which hold no Ray connection (their descriptors are closed at spawn) and enter their own
+namespaces, Landlock domain and empty network namespace before any candidate is imported.
+
+Ray is imported only here, and only for `--cluster`; without it a run on one machine is unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from athanor.engine.candidate import Candidate
+from athanor.errors import ConfigError
+from athanor.evaluate.config import EvaluateConfig
+from athanor.evaluate.verdict import Verdict
+
+log = logging.getLogger(__name__)
+
+LOST_SCREENS_MAX = 3
+"""Times one candidate's screen may be lost with its actor before the session gives up on it."""
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--cluster: Ray is not installed here; pip install 'athanor[cluster]'") from None
+    return ray
+
+
+def connect(address: str) -> Any:
+    """Join the cluster at `address` (`auto`: the one this process runs in, or RAY_ADDRESS; `HOST:PORT`;
+    `ray://HOST:PORT` through Ray Client); the ray module."""
+    ray = _ray()
+    if not ray.is_initialized():
+        try:
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+        except (ConnectionError, ValueError, RuntimeError) as e:
+            raise ConfigError(f"--cluster {address}: cannot join the Ray cluster ({e})") from None
+    return ray
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a screener runs."""
+
+    node_id: str
+    pid: int
+    core: int | None
+    gpu_ids: tuple[int, ...]
+    visible_devices: str
+
+
+class _Screener:
+    """A Ray actor: one fast-tier `Evaluator` kept across candidates."""
+
+    def __init__(self, config: EvaluateConfig, core: int | None) -> None:
+        if core is not None:
+            os.sched_setaffinity(0, {core})  # the engine workers it starts inherit the core
+        self.core = core
+        from athanor.evaluate.cascade import Evaluator
+
+        self.evaluator = Evaluator(config)
+
+    def placement(self) -> Placement:
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return Placement(ctx.get_node_id(), os.getpid(), self.core, tuple(int(g) for g in ray.get_gpu_ids()),
+                         os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+
+    def screen(self, candidate: Candidate, baseline: Candidate) -> Verdict:
+        return self.evaluator.evaluate(candidate, baseline)
+
+    def close(self) -> None:
+        self.evaluator.close()
+
+
+class ScreenPool:
+    """Screeners on the cluster: `screen` runs a batch of candidates on all of them at once."""
+
+    def __init__(self, address: str, config: EvaluateConfig) -> None:
+        self.ray = ray = connect(address)
+        gpu = config.device.startswith("cuda")
+        resources = ray.cluster_resources()
+        count = int(resources.get("GPU", 0) if gpu else resources.get("CPU", 0))
+        if count < 1:
+            raise ConfigError(f"--cluster {address}: the cluster offers no {'GPU' if gpu else 'CPU'} for a screener")
+        remote = ray.remote(num_gpus=1, num_cpus=0)(_Screener) if gpu else ray.remote(num_cpus=1)(_Screener)
+        cores = len(os.sched_getaffinity(0))
+        self.actors = [remote.options(max_restarts=2, max_task_retries=0, scheduling_strategy="SPREAD").remote(
+            config, None if gpu else i % cores) for i in range(count)]
+        self.placements: list[Placement] = ray.get([a.placement.remote() for a in self.actors])
+        self.lost = 0
+        """Screens lost with an actor (each went back on the queue)."""
+
+    def __len__(self) -> int:
+        return len(self.actors)
+
+    def screen(self, candidates: list[Candidate], baseline: Candidate) -> Iterator[tuple[Candidate, Verdict]]:
+        """Each candidate's verdict as it comes, every actor busy while candidates wait. A screen lost with its actor
+        (the process died: Ray restarts the actor) comes as a "worker-lost" verdict naming the screener, and the
+        candidate is queued again."""
+        ray = self.ray
+        queue = deque(candidates)
+        tries: dict[str, int] = {}
+        running: dict[Any, tuple[int, Candidate]] = {}
+        idle = list(range(len(self.actors)))
+        while queue or running:
+            while queue and idle:
+                i, cand = idle.pop(), queue.popleft()
+                running[self.actors[i].screen.remote(cand, baseline)] = (i, cand)
+            done, _ = ray.wait(list(running), num_returns=1)
+            i, cand = running.pop(done[0])
+            idle.append(i)
+            try:
+                verdict = ray.get(done[0])
+            except ray.exceptions.RayActorError as e:
+                self.lost += 1
+                tries[cand.id] = tries.get(cand.id, 0) + 1
+                where = self.placements[i]
+                who = f"screener {i} (pid {where.pid} on node {where.node_id[:12]})"
+                log.warning("%s died screening %s (%s): screening it again", who, cand.id, str(e).splitlines()[0])
+                if tries[cand.id] >= LOST_SCREENS_MAX:
+                    raise ConfigError(f"--cluster: the screen of {cand.id} was lost with its actor "
+                                      f"{LOST_SCREENS_MAX} times") from None
+                queue.appendleft(cand)
+                yield cand, Verdict(cand.id, baseline.id, False, "worker-lost", f"{who} died during the screen; "
+                                    "screened again on another", status="error")
+                self._refresh(i)
+                continue
+            yield cand, verdict
+
+    def _refresh(self, i: int) -> None:
+        """Where screener `i` runs once Ray has restarted it (a new process, perhaps on another node)."""
+        try:
+            self.placements[i] = self.ray.get(self.actors[i].placement.remote(), timeout=300)
+        except Exception as e:  # it did not come back: its next screen fails the same way and is queued again
+            log.warning("screener %d did not come back: %s", i, e)
+
+    def close(self) -> None:
+        for actor in self.actors:
+            try:
+                self.ray.get(actor.close.remote(), timeout=60)
+            except Exception as e:  # an actor that is already gone has nothing to close
+                log.debug("closing a screener: %s", e)
+            self.ray.kill(actor)
