@@ -1,6 +1,8 @@
-"""`athanor deploy DIR --server A --server B`: a winner goes to a fleet one canary at a time through each server's
-admin API. Two real servers: a candidate both build is deployed on both; one that only the second cannot build
-stops the rollout there, the first is rolled back to what it served, and the store holds every step."""
+"""`athanor deploy DIR --server A --server B` (the rollout `athanor watch` runs with several --server): a winner goes
+to a fleet one canary at a time through each server's admin API. Two real servers: a candidate both build is deployed
+on both; one that only the second cannot build stops the rollout there and the first is rolled back to what it
+served; one whose logits are wrong is rolled back by the first server's canary and never reaches the second. The
+store holds every step."""
 
 from __future__ import annotations
 
@@ -32,6 +34,29 @@ def build(model, ctx):  # noqa: F811
     if ctx.max_seqs > 2:
         raise RuntimeError("planted: this candidate builds only with two slots")
     return _reference_build(model, ctx)
+'''
+
+
+WRONG_LOGITS = '''
+
+# Planted fault: correct code whose logits are scrambled; the first server's canary must roll it back.
+_reference_build = build
+
+
+class _Scrambled:
+    def __init__(self, inner):
+        self.inner = inner
+        self.graph_safe = inner.graph_safe
+
+    def prefill(self, batch):
+        return self.inner.prefill(batch).flip(-1)
+
+    def decode(self, batch):
+        return self.inner.decode(batch).flip(-1)
+
+
+def build(model, ctx):  # noqa: F811
+    return _Scrambled(_reference_build(model, ctx))
 '''
 
 
@@ -82,11 +107,19 @@ def test_a_fleet_takes_a_winner_one_canary_at_a_time_and_rolls_back_at_the_first
     assert last.startswith(f"rollout stopped: {fleet[1]}: failed") and "builds only with two slots" in last, last
     assert _serving(fleet[0]) == good_id and _serving(fleet[1]) == good_id  # the first rolled back, the second kept it
 
+    wrong = _candidate(tmp_path, "wrong", WRONG_LOGITS)
+    refused = _deploy(tmp_path, wrong, fleet)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert refused.stdout.strip().splitlines()[-1].startswith(f"rollout stopped: {fleet[0]}: rolled_back")
+    assert fleet[1] not in refused.stdout  # never reached the second server
+    assert _serving(fleet[0]) == good_id and _serving(fleet[1]) == good_id
+
     store = open_store(str(tmp_path / "fleet.sqlite"))
     steps = [(d.target, d.status) for d in reversed(store.deployments())]
     assert steps == [(fleet[0], "live"), (fleet[1], "live"),  # the good candidate, server by server
                      (fleet[0], "live"), (fleet[1], "failed"),  # the picky one: taken by the first, not the second
-                     (fleet[0], "live"), (fleet[0], "rolled_back")], steps  # the first back on the good one
+                     (fleet[0], "live"), (fleet[0], "rolled_back"),  # the first back on the good one
+                     (fleet[0], "rolled_back")], steps  # the wrong one: its canary on the first refused it
     picky_id = next(d.candidate_id for d in store.deployments() if d.status == "failed")
-    rolled = [d for d in store.deployments() if d.status == "rolled_back"]
-    assert [d.candidate_id for d in rolled] == [picky_id] and "fleet rollback" in rolled[0].reason
+    rolled = [d for d in store.deployments() if d.status == "rolled_back" and "fleet rollback" in d.reason]
+    assert [d.candidate_id for d in rolled] == [picky_id]
