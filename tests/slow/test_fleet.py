@@ -39,24 +39,15 @@ def build(model, ctx):  # noqa: F811
 
 WRONG_LOGITS = '''
 
-# Planted fault: correct code whose logits are scrambled; the first server's canary must roll it back.
+# Planted fault: correct code whose logits are negated; the first server's canary must roll it back.
 _reference_build = build
 
 
-class _Scrambled:
-    def __init__(self, inner):
-        self.inner = inner
-        self.graph_safe = inner.graph_safe
-
-    def prefill(self, batch):
-        return self.inner.prefill(batch).flip(-1)
-
-    def decode(self, batch):
-        return self.inner.decode(batch).flip(-1)
-
-
 def build(model, ctx):  # noqa: F811
-    return _Scrambled(_reference_build(model, ctx))
+    forward = _reference_build(model, ctx)
+    prefill, decode = forward.prefill, forward.decode
+    forward.prefill, forward.decode = (lambda batch: -prefill(batch)), (lambda batch: -decode(batch))
+    return forward
 '''
 
 
