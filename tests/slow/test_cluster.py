@@ -22,11 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from athanor.agents.base import AgentContext, Proposal
 from athanor.agents.registry import AGENT_FACTORIES
 from athanor.engine.candidate import Candidate, baseline_candidate
 from athanor.evaluate import EvaluateConfig
 from athanor.loop import CompileConfig, compile_session
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "unit" / "loop"))  # the loop tests' planted agent
+from loop_doubles import PlantedAgent
 
 pytest.importorskip("ray", reason="the cluster tests need Ray: pip install 'athanor[cluster]'")
 pytestmark = [pytest.mark.slow, pytest.mark.timing]  # verdicts on measured speed: run alone
@@ -62,30 +64,11 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         subprocess.run([*RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
 
 
-class _Planted:
-    """Proposes its candidates one a round, then nothing (which stops it)."""
-
-    name = "planted"
-
-    def __init__(self, candidates: list[Candidate]) -> None:
-        self.waiting = list(candidates)
-
-    def propose(self, context: AgentContext) -> list[Proposal]:
-        if not self.waiting:
-            return []
-        cand = self.waiting.pop(0)
-        return [Proposal(source=cand.source, parent_id=context.incumbent_id, author=self.name,
-                         description=cand.manifest.description)]
-
-    def observe(self, verdicts: object) -> None:
-        pass
-
-
 @pytest.fixture
 def plant(monkeypatch: pytest.MonkeyPatch) -> Callable[[list[Candidate]], None]:
     """`plant(candidates)`: `--agents planted` proposes these (for this test only)."""
     def register(candidates: list[Candidate]) -> None:
-        agent = _Planted(candidates)
+        agent = PlantedAgent(candidates)
         monkeypatch.setitem(AGENT_FACTORIES, "planted", lambda config, board: agent)
 
     return register
