@@ -45,25 +45,26 @@ def gen() -> torch.Generator:
 
 @pytest.fixture
 def write_slow_candidate():
-    """A function writing, into a directory, a correct but ~2x slower candidate: the reference forward
-    running every step twice (the second run rewrites the same KV entries and returns the same
+    """A function writing, into a directory, a correct but ~`times`x slower candidate (default 2): the reference
+    forward running every step `times` times (the later runs rewrite the same KV entries and return the same
     logits); it returns the Candidate."""
     from athanor.engine.candidate import Candidate, baseline_candidate
     from athanor.engine.candidate_dir import write_candidate_dir
     from athanor.evaluate.static_checks import check_source
 
-    def write(directory: Path) -> Candidate:
+    def write(directory: Path, times: int = 2) -> Candidate:
         source = baseline_candidate().source
         for step, batch in (("prefill", "PrefillBatch"), ("decode", "DecodeBatch")):
             header = f"    def {step}(self, batch: {batch}) -> Tensor:\n"
             assert source.count(header) == 1, f"the reference's {step} signature changed: update this fixture"
+            again = f"        self._{step}_once(batch)  # redundant on purpose: the same step again\n" * (times - 1)
             source = source.replace(header, (
-                f"{header}"
-                f"        self._{step}_once(batch)  # redundant on purpose: the same step again\n"
+                f"{header}{again}"
                 f"        return self._{step}_once(batch)\n\n"
                 f"    def _{step}_once(self, batch: {batch}) -> Tensor:\n"))
         assert check_source(source) == []
-        cand = Candidate.from_source(source, author="test", description="the reference, every step twice (slow)")
+        what = "twice" if times == 2 else f"{times} times"
+        cand = Candidate.from_source(source, author="test", description=f"the reference, every step {what} (slow)")
         write_candidate_dir(cand, directory)
         return cand
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from athanor.agents.registry import AGENT_FACTORIES
 from athanor.engine.candidate import Candidate, baseline_candidate
 from athanor.evaluate import EvaluateConfig
 from athanor.loop import CompileConfig, compile_session
+from athanor.serve.launch import free_port
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit" / "loop"))  # the loop tests' planted agent
 from loop_doubles import PlantedAgent
@@ -36,17 +36,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timing]  # verdicts on measured spee
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A head and one more node, one CPU each (`gpus`: and one GPU each, as far as Ray is told); the address."""
     gpus = getattr(request, "param", 0)
-    port = _free_port()
+    port = free_port()
     address = f"127.0.0.1:{port}"
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     common = ["--num-cpus=1", f"--num-gpus={gpus}", "--disable-usage-stats"]
@@ -74,17 +68,6 @@ def plant(monkeypatch: pytest.MonkeyPatch) -> Callable[[list[Candidate]], None]:
     return register
 
 
-def _slower(times: int) -> Candidate:
-    """The reference forward running every step `times` times: correct, and that many times slower."""
-    source = baseline_candidate().source
-    for step, batch in (("prefill", "PrefillBatch"), ("decode", "DecodeBatch")):
-        header = f"    def {step}(self, batch: {batch}) -> Tensor:\n"
-        again = "".join(f"        self._{step}_once(batch)\n" for _ in range(times - 1))
-        source = source.replace(header, f"{header}{again}        return self._{step}_once(batch)\n\n"
-                                        f"    def _{step}_once(self, batch: {batch}) -> Tensor:\n")
-    return Candidate.from_source(source, author="test", description=f"the reference, every step {times} times")
-
-
 def _compile(out: Path, slow_dir: Path, **kw: object) -> tuple[object, list[str]]:
     events: list[str] = []
     config = CompileConfig(model="tiny-dense", traffic="preset:chat", budget_s=60.0, out_dir=out, max_seqs=8,
@@ -94,9 +77,10 @@ def _compile(out: Path, slow_dir: Path, **kw: object) -> tuple[object, list[str]
 
 def test_the_cluster_screens_in_parallel_and_confirms_the_winner_one_machine_confirms(
         tmp_path: Path, cluster: str, plant: Callable[[list[Candidate]], None],
-        write_slow_candidate: Callable[[Path], Candidate]) -> None:
+        write_slow_candidate: Callable[..., Candidate]) -> None:
     write_slow_candidate(tmp_path / "incumbent")  # x2 slower than the reference
-    planted = [_slower(3), _slower(4), Candidate.from_source(_slower(3).source + "\n# again\n")]
+    slower = [write_slow_candidate(tmp_path / f"x{n}", n) for n in (3, 4)]
+    planted = [*slower, Candidate.from_source(slower[0].source + "\n# again\n")]
     plant(planted)
     alone, _ = _compile(tmp_path / "alone", tmp_path / "incumbent")
     plant(planted)
@@ -123,11 +107,11 @@ def test_each_screener_holds_a_gpu_of_its_own(cluster: str) -> None:
 
 def test_a_screener_killed_mid_screen_is_replaced_and_its_candidate_screened_again(
         tmp_path: Path, cluster: str, plant: Callable[[list[Candidate]], None],
-        write_slow_candidate: Callable[[Path], Candidate]) -> None:
+        write_slow_candidate: Callable[..., Candidate]) -> None:
     import athanor.loop.cluster as cluster_module
 
     write_slow_candidate(tmp_path / "incumbent")
-    planted = [_slower(3), _slower(4)]
+    planted = [write_slow_candidate(tmp_path / f"x{n}", n) for n in (3, 4)]
     plant(planted)
     killed: list[int] = []
     screen = cluster_module.ScreenPool.screen
