@@ -100,7 +100,8 @@ class Executor:
         with self.engine.armed():
             if decode:
                 greedy = self._greedy(chunks)
-                self.group.publish(group.Decode(resident.candidate.id, x, greedy))
+                if self.group.size > 1:  # nothing built on a one-device step's path
+                    self.group.publish(group.Decode(resident.candidate.id, x, greedy))
                 out, logits, _ = resident.runner.step(x, greedy=greedy)
             else:
                 out, logits = self._prefill(resident, chunks, x)
@@ -119,7 +120,8 @@ class Executor:
             cu.append(cu[-1] + c.end - c.start)
         positions = self._long([p for c in chunks for p in range(c.start, c.end)])
         batch = PrefillBatch(self._long(flat), self._long(cu), positions, x.slots, x.seq_lens)
-        self.group.publish(group.Prefill(resident.candidate.id, batch))
+        if self.group.size > 1:
+            self.group.publish(group.Prefill(resident.candidate.id, batch))
         logits = check_logits(resident.forward.prefill(batch), len(chunks), self.vocab_size, "prefill()")
         last = self._long([c.end - 1 for c in chunks])
         return sample(logits, x.temperature, x.top_p, x.seeds, last), logits
@@ -227,7 +229,8 @@ class Executor:
             updates = pool.take_updates()
             resident = self.engine.residents.get(cid)
             if resident is not None and updates:
-                self.group.publish(group.Pages(cid, updates))
+                if self.group.size > 1:
+                    self.group.publish(group.Pages(cid, updates))
                 write_pages(resident.ctx.table, updates)
 
     def settle(self) -> None:
