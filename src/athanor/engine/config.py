@@ -124,6 +124,10 @@ class EngineConfig:
         raw["buckets"] = tuple(raw.get("buckets", DEFAULT_BUCKETS))
         return cls(**raw)
 
+    def scratch(self) -> Path:
+        """The worker's scratch root (candidates' directories, a layout group's rendezvous)."""
+        return Path(self.scratch_dir or "/tmp/athanor-engine")
+
     def compile_cache_dir(self) -> Path:
         if self.cache_dir:
             return Path(self.cache_dir)

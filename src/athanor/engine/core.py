@@ -15,7 +15,6 @@ import sys
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 
 import torch
@@ -57,7 +56,7 @@ class Engine:
         self.group = group
         self.device = model.device
         self.sandbox_report = sandbox_report
-        self.scratch_root = Path(config.scratch_dir or "/tmp/athanor-engine") / "candidates"
+        self.scratch_root = config.scratch() / "candidates"
         self.residents: dict[str, Resident] = {}
         self.active: str | None = None
         self.swap_count = 0

@@ -19,7 +19,6 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from athanor.engine.config import EngineConfig
@@ -168,19 +167,16 @@ def start(config: EngineConfig, rank: int) -> Group:
     import torch.distributed as dist
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"file://{_scratch(config) / 'group-rendezvous'}", rank=rank, world_size=size,
+    rendezvous = config.scratch() / "group-rendezvous"
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=size,
                             timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
     return Group(rank, size)
-
-
-def _scratch(config: EngineConfig) -> Path:
-    return Path(config.scratch_dir or "/tmp/athanor-engine")
 
 
 def spawn_followers(config: EngineConfig) -> list[subprocess.Popen[bytes]]:
     """Rank 0: start ranks 1.. as children (`python -m athanor.engine.follower CONFIG RANK`) in this process's
     sandbox."""
-    scratch = _scratch(config)
+    scratch = config.scratch()
     scratch.mkdir(parents=True, exist_ok=True)
     (scratch / "group-rendezvous").unlink(missing_ok=True)  # a store left by an earlier group would join wrong peers
     path = scratch / "group-config.json"
