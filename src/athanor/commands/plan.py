@@ -45,7 +45,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from athanor.errors import ConfigError
     from athanor.model.registry import load_spec
     from athanor.plan import make_plan, render
-    from athanor.plan.calibration import calibrate, check, render_check
+    from athanor.plan.calibration import calibrate, check, read_records, render_check
     from athanor.plan.hardware import load_hardware
     from athanor.traffic import load_profile
     from athanor.traffic.routing import load_routing
@@ -62,7 +62,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     spec = load_spec(args.model)
     hw = load_hardware(args.gpu)
     routing = load_routing(args.routing, spec) if args.routing else None
-    calibration = calibrate(spec, hw, args.calibrate, routing, batches, contexts) if args.calibrate else None
+    records = read_records(spec, args.calibrate)
+    calibration = calibrate(spec, hw, records, routing, batches, contexts) if args.calibrate else None
     plan = make_plan(spec, hw, args.gpus, load_profile(args.traffic), levels, calibration, routing)
     print(render(plan, args.top))
     if spec.moe is not None and routing is None:
@@ -70,7 +71,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     out = plan.to_dict()
     if args.check:
         assert calibration is not None
-        result = check(spec, hw, args.calibrate, calibration, routing, batches, contexts)
+        result = check(spec, hw, records, calibration, routing, batches, contexts)
         print("\n" + render_check(result))
         out["check"] = {"summary": result.summary(), "fit_batches": sorted(batches), "fit_contexts": sorted(contexts),
                         "cells": [dataclasses.asdict(r) for r in result.rows]}

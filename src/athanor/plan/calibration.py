@@ -60,6 +60,10 @@ class Calibration:
 
 @dataclass(frozen=True)
 class Records:
+    """What `athanor bench` records hold for one model: its decode cells, and a measured link."""
+
+    source: str
+    """The records' paths, comma-separated."""
     cells: list[Cell]
     link: dict[str, float]
     link_source: str
@@ -87,7 +91,7 @@ def read_records(spec: ModelSpec, paths: list[str]) -> Records:
                 continue
             measured = float(c["ms_per_token"]) / 1000 if c["status"] == "ok" else None
             cells[(int(c["batch"]), int(c["context"]))] = Cell(int(c["batch"]), int(c["context"]), measured)
-    return Records(sorted(cells.values(), key=lambda c: (c.batch, c.context)), link, link_source)
+    return Records(", ".join(paths), sorted(cells.values(), key=lambda c: (c.batch, c.context)), link, link_source)
 
 
 def _terms(spec: ModelSpec, hw: Hardware, cell: Cell, routing: RoutingProfile | None) -> tuple[float, float, float]:
@@ -116,17 +120,16 @@ def fit_decode(spec: ModelSpec, hw: Hardware, cells: list[Cell], routing: Routin
     return DecodeFit(float(gemv), float(gemm), float(kv), float(compute), float(overhead))
 
 
-def calibrate(spec: ModelSpec, hw: Hardware, records: list[str], routing: RoutingProfile | None = None,
+def calibrate(spec: ModelSpec, hw: Hardware, read: Records, routing: RoutingProfile | None = None,
               fit_batches: Collection[int] = (), fit_contexts: Collection[int] = ()) -> Calibration:
     """The decode fit on the records' cells of this model (only those of `fit_batches` x `fit_contexts` where given)
     and the link an `athanor bench collectives` record fitted."""
-    read = read_records(spec, records)
     cells = [c for c in read.cells if _chosen(c, fit_batches, fit_contexts)]
     if not any(c.measured_s is not None for c in cells) and not read.link:
         raise ConfigError(f"--calibrate: no decode cell of {spec.name} (candidate best) to fit on and no collectives "
-                          f"record in {', '.join(records)}")
+                          f"record in {read.source}")
     fit = fit_decode(spec, hw, cells, routing) if any(c.measured_s is not None for c in cells) else None
-    return Calibration(fit, sum(c.measured_s is not None for c in cells), ", ".join(records),
+    return Calibration(fit, sum(c.measured_s is not None for c in cells), read.source,
                        read.link.get("link_bytes_s", 0.0), read.link.get("link_latency_s", 0.0), read.link_source)
 
 
@@ -172,12 +175,12 @@ class Check:
         return out
 
 
-def check(spec: ModelSpec, hw: Hardware, records: list[str], calibration: Calibration,
+def check(spec: ModelSpec, hw: Hardware, read: Records, calibration: Calibration,
           routing: RoutingProfile | None = None, fit_batches: Collection[int] = (),
           fit_contexts: Collection[int] = ()) -> Check:
     """Every cell of the records beside the specification's prediction and the calibrated one."""
     rows = []
-    for c in read_records(spec, records).cells:
+    for c in read.cells:
         spec_s = decode_step(spec, hw, Layout(), c.batch, c.context, routing=routing).total_s
         fitted_s = decode_step(spec, hw, Layout(), c.batch, c.context, calibration.fit, routing).total_s
         fits = held_bytes(spec, Layout(), c.batch * c.context) <= hw.usable_bytes()

@@ -13,7 +13,7 @@ from athanor.cli import main
 from athanor.model import Layout
 from athanor.model.registry import load_spec
 from athanor.plan import make_plan, render
-from athanor.plan.calibration import calibrate
+from athanor.plan.calibration import calibrate, read_records
 from athanor.plan.hardware import KNOWN
 from athanor.traffic import load_profile
 
@@ -48,7 +48,7 @@ def test_the_plan_prices_layouts_on_the_measured_link(tmp_path: Path) -> None:
     record = tmp_path / "coll.json"
     record.write_text(json.dumps({"benchmark": "collectives", "ranks": 2, "device_name": "loopback", "cells": [],
                                   "link": {"link_bytes_s": 1e8, "link_latency_s": 5e-3}}))
-    cal = calibrate(spec, h200, [str(record)])
+    cal = calibrate(spec, h200, read_records(spec, [str(record)]))
     assert cal.cells == 0 and cal.link_bytes_s == 1e8
     free = dataclasses.replace(h200, link_bytes_s=1e18, link_latency_s=0.0)
     assert make_plan(spec, free, 4, load_profile("preset:chat"), (1,)).best(1, "tpot_s").layout.tp == 4

@@ -17,7 +17,7 @@ from athanor.errors import ConfigError
 from athanor.model import Layout
 from athanor.model.registry import load_spec
 from athanor.plan import DEFAULT_CONCURRENCY, make_plan
-from athanor.plan.calibration import calibrate, check
+from athanor.plan.calibration import calibrate, check, read_records
 from athanor.plan.cost import DecodeFit, decode_step, layouts, touched_experts
 from athanor.plan.hardware import KNOWN, load_hardware
 from athanor.traffic import load_profile
@@ -87,12 +87,13 @@ def test_the_fit_recovers_known_coefficients_and_scores_cells_it_did_not_see(tmp
 
     record = _record(tmp_path, spec.name, step_ms)
     batches, contexts = (1, 8, 64), (1024, 8192)
-    cal = calibrate(spec, H200, [record], None, batches, contexts)
+    read = read_records(spec, [record])
+    cal = calibrate(spec, H200, read, None, batches, contexts)
     assert cal.cells == 6 and cal.fit is not None
     # A dense model reads the same weights at every cell: only their time plus the fixed cost is identifiable.
     for name in ("kv", "compute"):
         assert getattr(cal.fit, name) == pytest.approx(getattr(truth, name), rel=0.02), name
-    result = check(spec, H200, [record], cal, None, batches, contexts)
+    result = check(spec, H200, read, cal, None, batches, contexts)
     summary = result.summary()
     assert summary["scored_cells"] == len([r for r in result.rows if r.measured_s is not None]) - 6
     assert summary["fitted"]["p90"] < 0.01 < summary["spec"]["median"]  # the specification alone errs
@@ -101,7 +102,7 @@ def test_the_fit_recovers_known_coefficients_and_scores_cells_it_did_not_see(tmp
     plain, fitted = (make_plan(spec, H200, 1, CHAT, (32,), c) for c in (None, cal))
     assert fitted.levels[32][0].tpot_s > 1.1 * plain.levels[32][0].tpot_s
     with pytest.raises(ConfigError, match="no decode cell of llama-3.2-1b"):
-        calibrate(load_spec("llama-3.2-1b"), H200, [record])
+        calibrate(load_spec("llama-3.2-1b"), H200, read_records(load_spec("llama-3.2-1b"), [record]))
 
 
 def test_measured_routing_reads_fewer_experts_than_uniform() -> None:
