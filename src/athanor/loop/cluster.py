@@ -104,8 +104,6 @@ class ScreenPool:
         self.actors = [remote.options(max_restarts=2, max_task_retries=0, scheduling_strategy="SPREAD").remote(
             config, None if gpu else i % cores) for i in range(count)]
         self.placements: list[Placement] = ray.get([a.placement.remote() for a in self.actors])
-        self.lost = 0
-        """Screens lost with an actor (each went back on the queue)."""
 
     def __len__(self) -> int:
         return len(self.actors)
@@ -129,7 +127,6 @@ class ScreenPool:
             try:
                 verdict = ray.get(done[0])
             except ray.exceptions.RayActorError as e:
-                self.lost += 1
                 tries[cand.id] = tries.get(cand.id, 0) + 1
                 where = self.placements[i]
                 who = f"screener {i} (pid {where.pid} on node {where.node_id[:12]})"
@@ -152,9 +149,12 @@ class ScreenPool:
             log.warning("screener %d did not come back: %s", i, e)
 
     def close(self) -> None:
-        for actor in self.actors:
+        """Stop every screener's engines, all at once, then the actors."""
+        closing = [actor.close.remote() for actor in self.actors]
+        for ref in closing:
             try:
-                self.ray.get(actor.close.remote(), timeout=60)
+                self.ray.get(ref, timeout=60)
             except Exception as e:  # an actor that is already gone has nothing to close
                 log.debug("closing a screener: %s", e)
+        for actor in self.actors:
             self.ray.kill(actor)
