@@ -187,7 +187,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
                                    cli=dataclasses.replace(CLIAgentConfig(), **cli)),
     )
     if args.stretch_budget:
-        from athanor.loop.session import stretched_budget
+        from athanor.loop.reserve import stretched_budget
 
         wanted, config = config.budget_s, stretched_budget(config)
         if config.budget_s != wanted:

@@ -11,14 +11,21 @@ median of the last `HISTORY` of them. A machine with no record keeps the device'
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import math
 import os
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from athanor.errors import ConfigError
 from athanor.model.cache import cache_dir
+
+if TYPE_CHECKING:
+    from athanor.loop.config import CompileConfig
 
 log = logging.getLogger(__name__)
 
@@ -74,3 +81,24 @@ def record_confirmation(key: str, seconds: float) -> None:
         tmp.replace(_path())  # whole or not at all: a concurrent run reads the old record, never half a file
     except OSError as e:
         log.warning("could not record the confirmation's cost in %s: %s", _path(), e)
+
+
+def stretched_budget(config: CompileConfig) -> CompileConfig:
+    """`config` with its budget raised, in whole minutes, to the smallest that confirms one candidate and still
+    searches where this machine's record says its budget cannot (`check_budget` would refuse it); else unchanged."""
+    measured = measured_reserve(config.confirmation_key)
+    if not measured or config.confirm_reserve_s or config.budget_s >= config.smallest_budget_s(measured):
+        return config
+    return dataclasses.replace(config, budget_s=60.0 * math.ceil(config.smallest_budget_s(measured) / 60))
+
+
+def check_budget(config: CompileConfig) -> None:
+    """A ConfigError, before anything is started or written, where this machine's record says the budget cannot
+    confirm one candidate and still search (`CompileConfig.smallest_budget_s`)."""
+    measured = measured_reserve(config.confirmation_key)
+    if not measured or config.confirm_reserve_s or config.budget_s >= config.smallest_budget_s(measured):
+        return
+    smallest = math.ceil(config.smallest_budget_s(measured) / 60)
+    raise ConfigError(f"--budget {config.budget_s:.0f}s: confirming one candidate of {config.model} on this "
+                      f"machine takes about {measured:.0f} s (its last confirmations), which leaves the search too "
+                      f"little; the smallest workable budget here is {smallest}m")

@@ -36,7 +36,8 @@ from athanor.evaluate import Evaluator, Speedup, Verdict
 from athanor.evaluate.timing import worth_confirming
 from athanor.loop.config import CompileConfig
 from athanor.loop.report import write_report
-from athanor.loop.reserve import measured_reserve, record_confirmation
+from athanor.loop.reserve import check_budget, measured_reserve, record_confirmation
+from athanor.loop.start import start_or_resume
 from athanor.loop.status import (
     SessionStatus,
     StatusHook,
@@ -117,7 +118,8 @@ class Session:
         """What every candidate is timed against (and a winner must beat)."""
         config.out_dir.mkdir(parents=True, exist_ok=True)
         self.store: Store = open_store(config.store or config.out_dir)
-        self.run_id = self._start_or_resume()
+        self.run_id = start_or_resume(self.store, config, self.profile, self.reference, self.incumbent,
+                                      on_event)
         self.board = Board(self.store, self.run_id)
         self.agents = make_agents(list(config.agents), agents_config, board=self.board)
         self.budget = BudgetAllocator([a.name for a in self.agents])
@@ -127,45 +129,6 @@ class Session:
         self._warm_start()
 
     # -- set-up -------------------------------------------------------------------------------
-    def _start_or_resume(self) -> str:
-        cfg = self.config
-        runs = self.store.runs(limit=1)
-        incumbent = {"id": self.incumbent.id, "dir": str(cfg.incumbent)} if self.incumbent else None
-        if cfg.resume:
-            if not runs:
-                raise ConfigError(f"--resume: {cfg.out_dir} holds no run to resume; drop --resume to start one")
-            was = runs[0].config.get("incumbent")
-            if (was or {}).get("id") != (incumbent or {}).get("id"):
-                against = f"incumbent {was['id']} ({was['dir']})" if was else "the reference"
-                raise ConfigError(f"--incumbent: run {runs[0].id} in {cfg.out_dir} was timed against {against}; "
-                                  "resume it with the same --incumbent or choose another --out")
-            was_precision = runs[0].config.get("precision")  # absent in runs from before it was recorded
-            if was_precision is not None and was_precision != cfg.precision:
-                was_flags = precision_flags(was_precision)
-                raise ConfigError(f"--resume: run {runs[0].id} in {cfg.out_dir} was compiled with {was_flags}, not "
-                                  f"{precision_flags(cfg.precision)}; resume it with {was_flags} or choose another "
-                                  "--out")
-            run = self.store.resume_run(runs[0].id)
-            self.emit(f"resuming run {run.id} ({len(self.store.evaluations(run.id))} evaluations so far)")
-        else:
-            if runs:
-                raise ConfigError(f"--out {cfg.out_dir}: already holds run {runs[0].id}; pass --resume to continue "
-                                  "it or choose another --out")
-            config = {"budget_s": cfg.budget_s, "agents": list(cfg.agents), "seed": cfg.seed,
-                      "precision": cfg.precision}
-            if incumbent:
-                config["incumbent"] = incumbent
-            run = self.store.add_run(cfg.model, cfg.traffic, cfg.device, config=config)
-            self.store.add_traffic_snapshot(cfg.traffic, self.profile.to_dict(), run_id=run.id)
-        self.store.add_candidate(run.id, self.reference.source, author="reference",
-                                 description="the reference forward (baseline)")
-        if self.incumbent is not None:
-            m = self.incumbent.manifest
-            self.store.add_candidate(run.id, self.incumbent.source, parent_id=m.parent[:16], author="incumbent",
-                                     description=f"the incumbent to beat ({m.author}: {m.description})",
-                                     manifest=dataclasses.asdict(m))
-        return run.id
-
     def _warm_start(self) -> None:
         """On --resume: the candidates and verdicts so far, and the variant search's history."""
         history = []
@@ -410,24 +373,3 @@ def compile_session(config: CompileConfig, on_event: Events = log.info, *, clock
     session stands as it goes (`SessionStatus`), e.g. for a live status line."""
     check_budget(config)
     return Session(config, on_event, clock=clock, max_candidates=max_candidates, status=status).run()
-
-
-def stretched_budget(config: CompileConfig) -> CompileConfig:
-    """`config` with its budget raised, in whole minutes, to the smallest that confirms one candidate and still
-    searches where this machine's record says its budget cannot (`check_budget` would refuse it); else unchanged."""
-    measured = measured_reserve(config.confirmation_key)
-    if not measured or config.confirm_reserve_s or config.budget_s >= config.smallest_budget_s(measured):
-        return config
-    return dataclasses.replace(config, budget_s=60.0 * math.ceil(config.smallest_budget_s(measured) / 60))
-
-
-def check_budget(config: CompileConfig) -> None:
-    """A ConfigError, before anything is started or written, where this machine's record says the budget cannot
-    confirm one candidate and still search (`CompileConfig.smallest_budget_s`)."""
-    measured = measured_reserve(config.confirmation_key)
-    if not measured or config.confirm_reserve_s or config.budget_s >= config.smallest_budget_s(measured):
-        return
-    smallest = math.ceil(config.smallest_budget_s(measured) / 60)
-    raise ConfigError(f"--budget {config.budget_s:.0f}s: confirming one candidate of {config.model} on this "
-                      f"machine takes about {measured:.0f} s (its last confirmations), which leaves the search too "
-                      f"little; the smallest workable budget here is {smallest}m")

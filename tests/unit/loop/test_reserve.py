@@ -44,7 +44,7 @@ def test_the_config_keeps_what_confirming_costs_here_else_a_guess_within_the_bud
 
 
 def test_a_budget_this_machine_cannot_confirm_in_is_refused_up_front(tmp_path: Path) -> None:
-    from athanor.loop.session import check_budget
+    from athanor.loop.reserve import check_budget
 
     config = CompileConfig(model="tiny-dense", budget_s=120.0, out_dir=tmp_path / "run")
     check_budget(config)  # nothing recorded: a guess, not a refusal
@@ -54,7 +54,7 @@ def test_a_budget_this_machine_cannot_confirm_in_is_refused_up_front(tmp_path: P
         check_budget(config)
     assert not (tmp_path / "run").exists()  # nothing created
     check_budget(CompileConfig(model="tiny-dense", budget_s=360.0))
-    from athanor.loop.session import stretched_budget
+    from athanor.loop.reserve import stretched_budget
 
     assert stretched_budget(config).budget_s == 360.0  # asked to stretch: the smallest that works, in whole minutes
     check_budget(stretched_budget(config))
