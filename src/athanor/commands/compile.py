@@ -60,6 +60,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "OUT` that shows this run: report.md links its pages")
     p.add_argument("--store", default="", help="the experiment store: a path or a postgresql:// URL shared by a "
                    "team's runs (default: a SQLite file in --out)")
+    p.add_argument("--plan", default="", metavar="FILE", help="an athanor plan --json FILE: after the search, the "
+                   "best forward is confirmed in the plan's cheapest layouts that fit at the engines' concurrency")
+    p.add_argument("--plan-top", type=int, default=2, metavar="N", help="layouts of --plan confirmed (default: 2)")
+    p.add_argument("--layout", action="append", default=[], metavar="NAME", help="a layout to confirm the best "
+                   "forward in, e.g. tp2 or tp2.ep2 (repeat it for more); with --plan, beside the plan's")
     p.add_argument("--cluster", default="", metavar="ADDRESS", help="screen on a Ray cluster's screeners, one per "
                    "GPU (or CPU) of it: auto (the cluster this process is in), HOST:PORT or ray://HOST:PORT; needs "
                    "athanor[cluster]")
@@ -186,6 +191,19 @@ def cmd_compile(args: argparse.Namespace) -> int:
         agents_config=AgentsConfig(llm=dataclasses.replace(LLMConfig(), **llm),
                                    cli=dataclasses.replace(CLIAgentConfig(), **cli)),
     )
+    if args.plan or args.layout:
+        from athanor.engine.config import parse_layout
+        from athanor.loop.layouts import plan_layouts
+        from athanor.seams import layout_name
+
+        if args.plan_top < 1:
+            raise ConfigError(f"--plan-top {args.plan_top}: confirm at least one of the plan's layouts")
+        planned = plan_layouts(args.plan, config.model, config.evaluate_config("slow").max_seqs,
+                               args.plan_top) if args.plan else ()
+        given = tuple(layout_name(parse_layout(name)) for name in args.layout)
+        config = dataclasses.replace(config, layouts=tuple(dict.fromkeys((*planned, *given))))
+        console.print(f"layouts to confirm the best forward in: {', '.join(config.layouts) or 'none'}"
+                      + (f" (the plan's cheapest that fit, {args.plan})" if args.plan else ""))
     if args.stretch_budget:
         from athanor.loop.reserve import stretched_budget
 

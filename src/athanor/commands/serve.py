@@ -127,6 +127,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from athanor.engine.group import check_layout
     from athanor.errors import ConfigError
     from athanor.model.device import resolve_device
+    from athanor.seams import declared_layout, layout_name
     from athanor.serve.app import run_server
     from athanor.serve.config import SchedulerConfig
     from athanor.serve.state import ServeOptions
@@ -152,12 +153,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"--max-num-batched-tokens {step_tokens}: must be at least --max-seqs "
                           f"({args.max_seqs}), so every running sequence can decode in one step")
     layout = parse_layout(args.layout)
+    if args.candidate:  # a bad directory is the user's mistake: say so before starting
+        declared = declared_layout(load_candidate_dir(args.candidate).source, f"--candidate {args.candidate}")
+        if declared is not None and args.layout and declared != layout:
+            raise ConfigError(f"--layout {args.layout}: the candidate in {args.candidate} declares LAYOUT = "
+                              f"\"{layout_name(declared)}\"; drop --layout to serve it in its layout")
+        layout = layout if declared is None else declared  # a compile's winner runs in the layout it won in
+        args.layout = args.layout or layout_name(layout)
     check_layout(EngineConfig(model=args.model, layout=layout))
     if layout and device.type == "cuda":
         raise ConfigError(f"--layout {args.layout}: ranks of one replica run on the CPU (gloo) for now; NCCL ranks on "
                           "several GPUs are not built")
-    if args.candidate:
-        load_candidate_dir(args.candidate)  # a bad directory is the user's mistake: say so before starting
     check_port_free(args.host, args.port)  # before the model loads, not after
     options = ServeOptions(
         model=args.model, candidate_dir=args.candidate, served_model_name=args.served_model_name, device=str(device),

@@ -19,8 +19,8 @@ from types import ModuleType
 
 import torch
 
+from athanor.engine import integrity, stepwise, trajectory
 from athanor.engine import protocol as p
-from athanor.engine import stepwise, trajectory
 from athanor.engine.candidate import Candidate, format_exception, import_candidate, unload_module
 from athanor.engine.config import EngineConfig
 from athanor.engine.graphs import DecodeRunner, StepInputs, check_logits
@@ -32,6 +32,7 @@ from athanor.engine.violations import ViolationWatch
 from athanor.errors import CandidateError
 from athanor.model import BuildContext, Forward, Layout, Model, PrefillBatch
 from athanor.model.sampling import sample
+from athanor.seams import layout_mismatch
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,9 @@ class Engine:
             cand.check_hash()
         except CandidateError as e:
             return p.SwapReply(status="invalid", error=str(e), candidate_id=cand.id)
+        # Every rank decides alike from the source, so a group refuses together without a collective.
+        if mismatch := layout_mismatch(cand.source, self.config.layout, f"candidate {cand.id}"):
+            return p.SwapReply(status="invalid", error=mismatch, candidate_id=cand.id)
         if cand.id in self.residents:  # already built: switching costs nothing
             self._activate(cand.id, keep_others=req.keep_incumbent)
             return p.SwapReply(candidate_id=cand.id, graph_safe=self.residents[cand.id].runner.captured,
@@ -336,7 +340,7 @@ class Engine:
         return stepwise.run_step(self, req)
 
     def probe(self, req: p.ProbeRequest) -> p.ProbeReply:
-        return trajectory.probe(self, req)
+        return integrity.probe(self, req)
 
     # -- introspection --------------------------------------------------------------------------
     def health(self, req: p.HealthRequest) -> p.HealthReply:

@@ -176,6 +176,8 @@ class ProbeRequest:
     """Integrity figures of the worker: weights digest, tampered names, candidate threads, bandwidth."""
 
     bandwidth: bool = False
+    shards: str = ""
+    """A layout's name (tp2): the digest is the one a group of that layout holding this model's shards has."""
 
 
 # -- replies ----------------------------------------------------------------------------------

@@ -28,16 +28,15 @@ from a checked one because there is no difference. Per step and candidate:
 - a forward that makes its own greedy tokens (`decode_greedy`) must return its logits' argmax,
   else the trajectory ends in an error naming the rows.
 
-`probe` reports what the evaluator checks before and after: a digest of the weights, the
-namespaces a candidate changed (timing and comparison functions included), threads started by
-candidate code, and the device's measured memory bandwidth at the model's working-set size.
+`tampered` and `foreign_threads` are what the evaluator's probe (`athanor.engine.integrity`) reports beside the
+weights' digest: the namespaces a candidate changed (timing and comparison functions included) and threads
+started by candidate code.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import hashlib
 import logging
 import random
 import threading
@@ -53,7 +52,7 @@ from athanor.engine.graphs import check_logits
 from athanor.engine.pages import check_shared, deal, shared_prefix
 from athanor.engine.requests import BadRequest, validate_decode, validate_prefill
 from athanor.errors import CandidateError
-from athanor.model import Model, PrefillBatch
+from athanor.model import PrefillBatch
 
 if TYPE_CHECKING:
     from athanor.engine.core import Engine, Resident
@@ -143,51 +142,6 @@ def foreign_threads() -> list[str]:
         if origin.startswith(MODULE_PREFIX) or type(t).__module__.startswith(MODULE_PREFIX):
             out.append(f"{t.name} ({origin})")
     return out
-
-
-def weights_digest(model: Model, chunk: int = 1 << 24) -> str:
-    """sha256 over every weight's name, dtype, shape and two exact integer checksums of its bits.
-
-    Computed on the device (a copy of 2.5 GB to the host per check would cost more than the check).
-    """
-    h = hashlib.sha256()
-    int_of = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-    for name in sorted(model.weights):
-        t = model.weights[name].detach()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        flat = t.contiguous().reshape(-1).view(int_of[t.element_size()])
-        plain = weighted = 0
-        for start in range(0, flat.numel(), chunk):
-            x = flat[start:start + chunk].to(torch.int64)
-            idx = torch.arange(start, start + x.numel(), dtype=torch.int64, device=x.device)
-            plain += int(x.sum())
-            weighted += int((x * ((idx * 2654435761) % 2147483647 + 1)).sum())
-        h.update(f"{plain}:{weighted};".encode())
-    return h.hexdigest()
-
-
-def bandwidth(device: torch.device, nbytes: int, reps: int = 5) -> float:
-    """Best copy bandwidth (bytes read + written per second) over a buffer of `nbytes` (the working set)."""
-    n = max(nbytes, 1 << 20) // 4
-    src = torch.ones(n, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(reps):
-        if device.type == "cuda":
-            _cuda_sync(device)
-        t = _clock()
-        dst.copy_(src)
-        if device.type == "cuda":
-            _cuda_sync(device)
-        best = min(best, _clock() - t)
-    return 2 * n * 4 / max(best, 1e-9)
-
-
-def probe(engine: Engine, req: p.ProbeRequest) -> p.ProbeReply:
-    bw = bandwidth(engine.device, engine.model.nbytes()) if req.bandwidth else 0.0
-    return p.ProbeReply(weights_digest=weights_digest(engine.model), tampered=tuple(tampered(engine)),
-                        foreign_threads=tuple(foreign_threads()), bandwidth_bytes_per_s=bw,
-                        resident=tuple(engine.residents))
 
 
 def fingerprint_projection(vocab: int, num: int, seed: int, device: torch.device) -> Tensor:

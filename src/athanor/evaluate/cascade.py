@@ -77,9 +77,9 @@ class Evaluator:
         self._workload: Workload | None = None
         self._last = p.TrajectoryReply()
         self._checked_dev = 0.0
+        """Fingerprint deviation of the last correctness check (bounds the timed runs' in quality mode)."""
         self._calibration: dict[tuple[str, str], dict[obj.StepShape, np.ndarray]] = {}
         """Per (tier, incumbent): its step times per timed shape, measured before a challenger was loaded."""
-        """Fingerprint deviation of the last correctness check (bounds the timed runs' in quality mode)."""
 
     def workload(self) -> Workload:
         if self._workload is None:
@@ -299,7 +299,7 @@ class Evaluator:
                 # start leaves every attempt as wide as the first, while more pairs narrow the interval (and
                 # the median-based statistics shrug off a burst in one attempt).
                 pooled[shape] = per if shape not in pooled else np.concatenate([pooled[shape], per], axis=1)
-            times = {shape: (t[0], t[1], t[2]) for shape, t in pooled.items()}
+            times = {shape: (t[0], engines.challenger_devices * t[1], t[2]) for shape, t in pooled.items()}
             result = self._figures(tier, times, n, full, engines.bandwidth)
             if not too_noisy(result.noise, cfg.noise_limit):
                 break

@@ -8,6 +8,10 @@ sides exchangeable. They are interleaved step by step from the evaluator's proce
 (`athanor.evaluate.interleave`). The reference engine runs
 only the baseline forward, in a worker that never imports candidate code: a candidate can neither patch it nor
 read its outputs, and its weights digest is the one the other workers' must keep.
+
+A challenger that declares a parallel layout (`LAYOUT = "tp2"`) runs in a challenger worker started in that
+layout, a group of one process per rank, kept for the tier's life like the others. Its step times are counted in
+device-seconds (wall time times its ranks), the objective's unit, against the one-device incumbent.
 """
 
 from __future__ import annotations
@@ -19,11 +23,14 @@ from concurrent.futures import ThreadPoolExecutor
 from athanor.engine import protocol as p
 from athanor.engine.candidate import Candidate, baseline_candidate
 from athanor.engine.config import EngineConfig, SandboxConfig, decode_buckets
+from athanor.engine.group import check_layout, group_size
 from athanor.engine.supervisor import Supervisor, Timeouts
+from athanor.errors import ConfigError, EngineDied
 from athanor.evaluate.config import EvaluateConfig
 from athanor.evaluate.interleave import Refused, Side, run_interleaved
 from athanor.evaluate.lock import timing_threads
 from athanor.evaluate.scripts import Script
+from athanor.seams import declared_layout, layout_name
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +57,18 @@ class TierEngines:
         self.twin = Supervisor(dataclasses.replace(config, max_resident=1), timeouts) if apart else self.incumbent
         self.challenger = Supervisor(config, timeouts)
         """The challenger, beside the baseline it starts with (so a respawn never rebuilds a challenger)."""
+        self.challengers = {layout_name({}): self.challenger}
+        """A challenger worker per layout a challenger declared, by the layout's name, each started when first
+        needed; `challenger` is the one the last loaded challenger runs in."""
+        self._config, self._timeouts = config, timeouts
         self.reference = Supervisor(dataclasses.replace(config, max_resident=1, trusted=True), timeouts)
         """Trusted: it never imports candidate code, so it alone may write the shared compile cache."""
         self.threads = config.cpu_threads or 2
         """CPU threads a worker may keep busy during its turn: the intra-op threads on a CPU; on CUDA the host
         thread that launches and waits, and one for the runtime."""
         self.device_clock = cfg.device.startswith("cuda")
-        self._reference_digest = ""
+        self._digests: dict[str, str] = {}
+        """The trusted reference worker's weights digest per layout name (`integrity.shards_digest`)."""
         self.bandwidth = 0.0
 
     def start(self) -> None:
@@ -65,17 +77,43 @@ class TierEngines:
             for future in [pool.submit(worker.start) for worker in self.workers()]:
                 future.result()
         probe = self.reference.call(p.ProbeRequest(bandwidth=True))
-        self._reference_digest = probe.weights_digest
+        self._digests[layout_name({})] = probe.weights_digest
         self.bandwidth = probe.bandwidth_bytes_per_s
 
     @property
     def reference_digest(self) -> str:
-        return self._reference_digest
+        """The weights digest the loaded challenger's worker must keep: the trusted reference's, of the shards its
+        layout holds where it runs one."""
+        return self._digests[layout_name(self.challenger.config.layout)]
 
     def load(self, incumbent: Candidate, candidate: Candidate, timeout_s: float) -> p.SwapReply:
-        """Make `incumbent` the engine's incumbent, with its twin, and build `candidate` in its own worker."""
+        """Make `incumbent` the engine's incumbent, with its twin, and build `candidate` in its own worker (one
+        started in the layout it declares)."""
         self.prepare(incumbent, timeout_s)
+        try:
+            degrees = declared_layout(candidate.source, f"candidate {candidate.id}") or {}
+        except ConfigError as e:
+            return p.SwapReply(status="invalid", error=str(e), candidate_id=candidate.id)
+        name = layout_name(degrees)
+        if name not in self.challengers:
+            worker = Supervisor(dataclasses.replace(self._config, layout=degrees), self._timeouts)
+            try:
+                check_layout(worker.config)
+                worker.start()
+            except (ConfigError, EngineDied) as e:
+                worker.close()
+                return p.SwapReply(status="invalid", error=f"candidate {candidate.id}: its layout {name} cannot "
+                                   f"start here: {str(e).splitlines()[0]}", candidate_id=candidate.id)
+            self.challengers[name] = worker
+            self._digests[name] = self.reference.call(p.ProbeRequest(shards=name)).weights_digest
+        self.challenger = self.challengers[name]
         return self.challenger.swap(candidate, keep_incumbent=True, timeout_s=timeout_s)
+
+    @property
+    def challenger_devices(self) -> int:
+        """Devices the loaded challenger runs on (its layout's ranks), against the incumbent's one: its step times
+        count this many times over, in device-seconds (the objective's unit)."""
+        return group_size(self.challenger.config)
 
     def prepare(self, incumbent: Candidate, timeout_s: float) -> None:
         """Make `incumbent` the incumbent worker's resident and its twin the twin worker's (the same on a GPU)."""
@@ -106,7 +144,7 @@ class TierEngines:
 
     def workers(self) -> tuple[Supervisor, ...]:
         apart = () if self.twin is self.incumbent else (self.twin,)
-        return self.reference, self.incumbent, *apart, self.challenger
+        return self.reference, self.incumbent, *apart, *self.challengers.values()
 
     def side(self, cid: str) -> Side:
         """The worker that holds resident `cid`: the incumbent's, the twin's, else the challenger's."""
@@ -127,10 +165,12 @@ class TierEngines:
         sides = [self.side(c) for c in ids]
         if alone:
             sides.insert(1, Side(self.reference_candidate.id, self.reference, True))
+        # The challenger workers not in this trajectory stay stopped throughout, like the challenger when `alone`.
+        timed = {id(s.worker) for s in sides}
+        hold = tuple(w for w in self.challengers.values() if id(w) not in timed)
         try:
             return run_interleaved(sides, script, seed, timeout_s, logits_of=[ids.index(c) for c in logits_of],
-                                   threads=self.threads, device_clock=self.device_clock,
-                                   hold=(self.challenger,) if alone else ())
+                                   threads=self.threads, device_clock=self.device_clock, hold=hold)
         except Refused as e:
             return p.TrajectoryReply(status="violation", error=str(e), violations=(str(e),))
 

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from athanor.engine import protocol as p
+from athanor.engine.group import group_size
 from athanor.engine.supervisor import Supervisor
 from athanor.evaluate.scripts import Script
 
@@ -105,7 +106,8 @@ def run_interleaved(sides: Sequence[Side], script: Script, seed: int, timeout_s:
                     num_projections: int = 8, hold: Sequence[Supervisor] = ()) -> p.TrajectoryReply:
     """Run `script` on every side, interleaved per step (see the module docstring).
 
-    `logits_of`: the sides whose kept logits come back; `threads`: the CPU threads each worker was given;
+    `logits_of`: the sides whose kept logits come back; `threads`: the CPU threads each worker (each rank of a
+    layout group) was given;
     `device_clock`: use the workers' device-event times (CUDA), cross-checked, rather than the outside clock;
     `hold`: other workers kept stopped throughout."""
     workers = list({id(s.worker): s.worker for s in sides}.values())
@@ -197,10 +199,11 @@ def run_interleaved(sides: Sequence[Side], script: Script, seed: int, timeout_s:
             w.signal_all(signal.SIGCONT)
     for w in workers:
         used = w.cpu_seconds() - cpu0[id(w)]
-        allowed = max(threads, 1) * turns_s[id(w)] + CPU_SLACK_S
+        given = max(threads, 1) * group_size(w.config)  # a layout group: each rank its threads
+        allowed = given * turns_s[id(w)] + CPU_SLACK_S
         if used > allowed:
             raise Refused(f"a worker used {used:.2f} CPU seconds during turns of {turns_s[id(w)]:.2f} s at "
-                          f"{max(threads, 1)} thread(s): work on threads or processes it was not given")
+                          f"{given} thread(s): work on threads or processes it was not given")
     times = _cross_checked(inside, outside, sides) if device_clock else outside
     logits = torch.stack([torch.cat(kept[c]) for c in logits_of]) if logits_of and kept[logits_of[0]] else None
     return p.TrajectoryReply(times_s=torch.from_numpy(times), fingerprints=torch.stack([torch.cat(f) for f in feats]),

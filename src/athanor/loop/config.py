@@ -60,6 +60,10 @@ class CompileConfig:
     cluster: str = ""
     """A Ray cluster (`auto`, `HOST:PORT`, `ray://HOST:PORT`) whose screeners run the fast tier in parallel
     (`athanor.loop.cluster`); empty: this machine's fast tier, and Ray is not imported."""
+    layouts: tuple[str, ...] = ()
+    """Parallel layouts (`athanor plan`'s names: tp2, tp2.ep2) in which the session's best forward is confirmed
+    after the search, each timed in device-seconds against the baseline (`athanor.loop.layouts`); empty: one
+    device only."""
     agents_config: AgentsConfig = field(default_factory=AgentsConfig)
 
     def __post_init__(self) -> None:

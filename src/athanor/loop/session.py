@@ -30,14 +30,13 @@ from athanor.agents.budget import BudgetAllocator
 from athanor.agents.registry import make_agents, register_agent
 from athanor.agents.variant import VariantConfig, VariantSearch
 from athanor.engine.candidate import Candidate, baseline_candidate
-from athanor.engine.candidate_dir import load_candidate_dir
-from athanor.errors import ConfigError
 from athanor.evaluate import Evaluator, Speedup, Verdict
 from athanor.evaluate.timing import worth_confirming
 from athanor.loop.config import CompileConfig
+from athanor.loop.layouts import check_layouts, in_layout
 from athanor.loop.report import write_report
 from athanor.loop.reserve import check_budget, measured_reserve, record_confirmation
-from athanor.loop.start import start_or_resume
+from athanor.loop.start import load_incumbent, start_or_resume, stored_verdicts
 from athanor.loop.status import (
     SessionStatus,
     StatusHook,
@@ -106,13 +105,14 @@ class Session:
         from athanor.model.registry import load_spec
 
         self.spec = load_spec(config.model)
+        check_layouts(config.model, config.layouts, config.device)
         register_agent("variant", _variant_factory(config))
         variant = VariantConfig(device="cpu" if config.on_cpu else "cuda", moe=self.spec.moe is not None,
                                 seed=config.seed, include_compile=config.budget_s >= 600,
                                 lossy=config.quality is not None)
         agents_config = dataclasses.replace(config.agents_config, variant=variant)
         make_agents(list(config.agents), agents_config)  # raises on an unknown agent or a missing key
-        self.incumbent: Candidate | None = _load_incumbent(config.incumbent) if config.incumbent is not None else None
+        self.incumbent: Candidate | None = load_incumbent(config.incumbent) if config.incumbent is not None else None
         self.reference = baseline_candidate()
         self.baseline: Candidate = self.incumbent or self.reference
         """What every candidate is timed against (and a winner must beat)."""
@@ -126,27 +126,13 @@ class Session:
         self.sources: dict[str, Candidate] = {self.baseline.id: self.baseline, self.reference.id: self.reference}
         self.fast_verdicts: dict[str, Verdict] = {}
         self.slow_verdicts: dict[str, Verdict] = {}
-        self._warm_start()
-
-    # -- set-up -------------------------------------------------------------------------------
-    def _warm_start(self) -> None:
-        """On --resume: the candidates and verdicts so far, and the variant search's history."""
-        history = []
-        for ev in self.store.evaluations(self.run_id):
-            record = self.store.get_candidate(self.run_id, ev.candidate_id)
-            if record is None or not ev.figures:
-                continue
-            cand = Candidate.from_source(record.source, parent=record.parent_id, author=record.author,
-                                         description=record.description)
-            self.sources[cand.id] = cand
-            verdict = Verdict.from_dict(ev.figures)
-            (self.fast_verdicts if ev.tier == "fast" else self.slow_verdicts)[cand.id] = verdict
-            if ev.tier == "fast":
-                history.append((record.source, ev))
+        # On --resume: the candidates and verdicts so far, and the variant search's history.
+        history = stored_verdicts(self.store, self.run_id, self.sources, self.fast_verdicts, self.slow_verdicts)
         for agent in self.agents:
             if isinstance(agent, VariantSearch):
                 agent.warm_start(history)
 
+    # -- set-up -------------------------------------------------------------------------------
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> CompileReport:
         cfg = self.config
@@ -164,7 +150,7 @@ class Session:
             nodes = len({pl.node_id for pl in self.pool.placements})
             self.emit(f"cluster {cfg.cluster}: {len(self.pool)} screeners on {nodes} node(s)")
         measured = measured_reserve(cfg.confirmation_key)
-        reserve = cfg.reserve_s(measured)
+        reserve = cfg.reserve_s(measured) * self.confirmations
         self.reserve = reserve
         why = (" (by this machine's last confirmations)" if measured and not cfg.confirm_reserve_s else
                "" if cfg.confirm_reserve_s else " (a first guess: this machine has confirmed none yet)")
@@ -179,6 +165,7 @@ class Session:
                       + (f"; {cfg.gpu_plan.describe()}" if not cfg.on_cpu and not cfg.max_seqs else ""))
             self._search(fast, deadline, guess=not (measured or cfg.confirm_reserve_s))
             self._confirm(slow, deadline, fast.config.margin)
+            self._confirm_layouts(slow, deadline)
         except KeyboardInterrupt:
             interrupted = True
             self.emit("interrupted: every result so far is in the store; --resume continues the run")
@@ -268,7 +255,7 @@ class Session:
         evaluation of the fast tier's layers) scaled to the whole model's layers, where that is more than the
         default: a first run on a new machine then keeps its budget too."""
         cfg = self.config
-        scaled = first_screen_s * self.spec.num_layers / cfg.fast_tier_layers
+        scaled = first_screen_s * self.spec.num_layers / cfg.fast_tier_layers * self.confirmations
         if scaled > self.reserve:
             self.reserve = scaled
             left = max(0.0, deadline - self.clock() - scaled)
@@ -308,21 +295,47 @@ class Session:
             # budget, costing what the one before it did.
             if self.slow_verdicts and self.clock() + last > deadline:
                 break
-            cand = self.sources[verdict.candidate_id]
-            self._show(f"confirming {cand.id} on the whole model")
             started, on_clock = time.monotonic(), self.clock()
-            slow_verdict = slow.evaluate(cand, self.baseline)
+            slow_verdict = self._confirm_one(slow, self.sources[verdict.candidate_id])
             # The first one started the slow tier's engines: with its timing done, it is what a reserve must hold.
-            last = max(self.reserve, self.clock() - on_clock)  # one that failed fast says nothing of the next
+            last = max(self.reserve / self.confirmations, self.clock() - on_clock)  # a fast failure says nothing
             if i == 0 and any(stage == "slow" for stage, _ in slow_verdict.stages):
                 record_confirmation(self.config.confirmation_key, time.monotonic() - started)
-            self.slow_verdicts[cand.id] = slow_verdict
-            record = self.store.record_verdict(self.run_id, slow_verdict.to_dict(), tier="slow")
-            for a in self.agents:
-                a.observe([record])
-            self.emit(verdict_line("slow", cand.manifest.author, cand.manifest.description, slow_verdict))
             if slow_verdict.accepted:
                 break
+
+    def _confirm_one(self, slow: Evaluator, cand: Candidate) -> Verdict:
+        """Time `cand` on the whole model against the baseline; record it and tell the agents."""
+        self._show(f"confirming {cand.id} on the whole model")
+        verdict = slow.evaluate(cand, self.baseline)
+        self.slow_verdicts[cand.id] = verdict
+        record = self.store.record_verdict(self.run_id, verdict.to_dict(), tier="slow")
+        for a in self.agents:
+            a.observe([record])
+        self.emit(verdict_line("slow", cand.manifest.author, cand.manifest.description, verdict))
+        return verdict
+
+    def _confirm_layouts(self, slow: Evaluator, deadline: float) -> None:
+        """Confirm the best forward so far in each of `CompileConfig.layouts` (`athanor.loop.layouts`): the winner,
+        else the baseline, and the reference forward where that one cannot run in the layout."""
+        best = self.sources[self.winner_id() or self.baseline.id]
+        for layout in self.config.layouts:
+            for base in dict.fromkeys((best, self.reference)):
+                if self.clock() >= deadline:
+                    self.emit(f"layout {layout}: the budget is spent before its confirmation (not judged)")
+                    return
+                cand = in_layout(base, layout)
+                if cand.id in self.slow_verdicts:  # confirmed before this --resume
+                    break
+                self._register(cand)
+                verdict = self._confirm_one(slow, cand)
+                if verdict.stage not in ("static", "smoke", "correctness"):  # it runs in the layout: judged
+                    break
+
+    @property
+    def confirmations(self) -> int:
+        """Confirmations the reserve holds: the best candidate's, and one per layout it is confirmed in."""
+        return 1 + len(self.config.layouts)
 
     def _context(self) -> AgentContext:
         incumbent = self.winner_id() or self.baseline.id
@@ -355,13 +368,6 @@ class Session:
 
     def evaluations(self) -> list[EvaluationRecord]:
         return self.store.evaluations(self.run_id)
-
-
-def _load_incumbent(directory: Path) -> Candidate:
-    try:
-        return load_candidate_dir(directory)
-    except ConfigError as e:
-        raise ConfigError(f"--incumbent: {e}") from None
 
 
 def compile_session(config: CompileConfig, on_event: Events = log.info, *, clock: Clock = time.monotonic,

@@ -1,15 +1,20 @@
 """A compile session's run in its store: a new one, or the one `--resume` continues, checked to be the same
-experiment (timed against the same incumbent, at the same precision)."""
+experiment (timed against the same incumbent, at the same precision), with what it holds so far."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from athanor.engine.candidate import Candidate
+from athanor.engine.candidate_dir import SOURCE_NAME, load_candidate_dir
 from athanor.errors import ConfigError
+from athanor.evaluate import Verdict
 from athanor.loop.config import CompileConfig
 from athanor.loop.status import precision_flags
+from athanor.seams import declared_layout, layout_name
 from athanor.store import Store
 from athanor.traffic import TrafficProfile
 
@@ -52,3 +57,35 @@ def start_or_resume(store: Store, cfg: CompileConfig, profile: TrafficProfile, r
                             description=f"the incumbent to beat ({m.author}: {m.description})",
                             manifest=dataclasses.asdict(m))
     return run.id
+
+
+def load_incumbent(directory: Path) -> Candidate:
+    """The candidate directory to beat (`--incumbent`), checked before anything starts."""
+    try:
+        incumbent = load_candidate_dir(directory)
+        layout = declared_layout(incumbent.source, f"{directory}")
+    except ConfigError as e:
+        raise ConfigError(f"--incumbent: {e}") from None
+    if layout:
+        raise ConfigError(f"--incumbent {directory}: its {SOURCE_NAME} declares LAYOUT = \"{layout_name(layout)}\", and "
+                          "the evaluator times an incumbent on one device: drop that line to compile against the same "
+                          "forward on one device")
+    return incumbent
+
+
+def stored_verdicts(store: Store, run_id: str, sources: dict[str, Candidate], fast: dict[str, Verdict],
+                    slow: dict[str, Verdict]) -> list[tuple[str, Any]]:
+    """Fill `sources` and each tier's verdicts from the run's evaluations so far (a resumed run's); the fast tier's
+    (source, evaluation) pairs, the variant search's history."""
+    history = []
+    for ev in store.evaluations(run_id):
+        record = store.get_candidate(run_id, ev.candidate_id)
+        if record is None or not ev.figures:
+            continue
+        cand = Candidate.from_source(record.source, parent=record.parent_id, author=record.author,
+                                     description=record.description)
+        sources[cand.id] = cand
+        (fast if ev.tier == "fast" else slow)[cand.id] = Verdict.from_dict(ev.figures)
+        if ev.tier == "fast":
+            history.append((record.source, ev))
+    return history

@@ -1,6 +1,7 @@
-"""`athanor serve --layout tp=2` on the CPU: two ranks (gloo over the sandbox's loopback), each holding its shard of
+"""`athanor serve` in a layout on the CPU: two ranks (gloo over the sandbox's loopback), each holding its shard of
 smollm2 (9 query heads over 3 KV heads: blocks of one and two KV groups), answer concurrent requests with the tokens
-one device gives; a deploy that fails to build on one rank only is refused on all, and the incumbent serves on."""
+one device gives; a deploy that fails to build on one rank only is refused on all, and the incumbent serves on.
+The layout comes from `--layout tp=2`, or from the candidate (a compile's winner declares the layout it won in)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ def build(model, ctx):  # noqa: F811
 '''
 
 
+def _declaring(root: Path, name: str, layout: str) -> Path:
+    return candidate_dir(root, name, f'\n# the layout a compile confirmed it in\nLAYOUT = "{layout}"\n')
+
+
 def _complete_all(url: str) -> list[str]:
     """Every prompt at once (batched decode rows, prefill chunks beside them), greedy."""
     c = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
@@ -46,7 +51,9 @@ def _complete_all(url: str) -> list[str]:
 def test_tp2_answers_as_one_device_and_a_deploy_failing_on_one_rank_changes_nothing(server: Server,
                                                                                      tmp_path: Path) -> None:
     (tmp_path / "token").write_text(TOKEN + "\n")
-    tp2 = ServerProcess(["--model", MODEL, "--layout", "tp=2", "--max-seqs", "4", "--max-seq-len", "256",
+    # No --layout: the candidate's LAYOUT = "tp2" starts the two ranks.
+    tp2 = ServerProcess(["--model", MODEL, "--candidate", str(_declaring(tmp_path, "tp2", "tp2")), "--max-seqs", "4",
+                         "--max-seq-len", "256",
                          "--max-num-batched-tokens", "16", "--admin-token-file", str(tmp_path / "token")],
                         tmp_path / "server.log").start()
     try:
@@ -68,15 +75,27 @@ def test_tp2_answers_as_one_device_and_a_deploy_failing_on_one_rank_changes_noth
         assert "planted: rank one cannot build this" in dep["reason"]
         assert httpx.get(f"{tp2.url}/health").json()["candidate"] == before
         assert _complete_all(tp2.url) == answers  # both ranks still run the incumbent, in step
+        # A candidate declaring another layout is refused by every rank: a server's layout is set at its start.
+        r = httpx.post(f"{tp2.url}/admin/deploy", json={"candidate_dir": str(_declaring(tmp_path, "dcp2", "dcp2"))},
+                       headers=admin, timeout=60)
+        dep = r.json()["deployment"]
+        while dep["phase"] not in ("deployed", "rolled_back", "failed") and time.monotonic() < deadline:
+            time.sleep(0.3)
+            dep = httpx.get(f"{tp2.url}/admin/deployments/{dep['id']}", headers=admin).json()["deployment"]
+        assert dep["phase"] == "failed" and 'declares LAYOUT = "dcp2"; this engine runs tp2' in dep["reason"], dep
+        assert httpx.get(f"{tp2.url}/health").json()["candidate"] == before
     finally:
         tp2.stop()
 
 
-def test_a_layout_the_engine_cannot_run_is_a_one_line_error() -> None:
-    for layout, words in (("tp=0", "give degrees as KEY=N"), ("dp=2", "DP replicas and PP stages are not built"),
-                          ("tp=4", "does not divide")):
-        proc = subprocess.run([sys.executable, "-m", "athanor", "serve", "--model", MODEL, "--layout", layout,
-                               "--port", "0"], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+def test_a_layout_the_engine_cannot_run_is_a_one_line_error(tmp_path: Path) -> None:
+    tp2 = str(_declaring(tmp_path, "tp2", "tp2"))
+    for flags, words in ((["--layout", "tp=0"], "give degrees as KEY=N"),
+                         (["--layout", "dp=2"], "DP replicas and PP stages are not built"),
+                         (["--layout", "tp=4"], "does not divide"),
+                         (["--candidate", tp2, "--layout", "tp=3"], 'declares LAYOUT = "tp2"; drop --layout')):
+        proc = subprocess.run([sys.executable, "-m", "athanor", "serve", "--model", MODEL, *flags, "--port", "0"],
+                              capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
         errors = [line for line in proc.stderr.splitlines() if line.startswith("athanor: error")]
-        assert proc.returncode != 0 and len(errors) == 1 and words in errors[0], (layout, proc.stderr[-2000:])
+        assert proc.returncode != 0 and len(errors) == 1 and words in errors[0], (flags, proc.stderr[-2000:])
         assert "Traceback" not in proc.stderr

@@ -1,0 +1,59 @@
+"""A candidate that declares a parallel layout (`LAYOUT = "tp2"`) is judged like any other, in a worker group of its
+layout (gloo ranks on the CPU): checked against the one-device reference, its weights checked on every rank against
+the trusted reference's shards, and timed in device-seconds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import eval_candidates as c
+import pytest
+from eval_config import CONFIG
+
+from athanor.engine.candidate import Candidate
+from athanor.evaluate import Evaluator
+from athanor.loop.layouts import in_layout
+from athanor.seams import with_layout
+
+CORRUPT_RANK_1 = Candidate.from_source(with_layout(c.patched(
+    "from athanor.model import Model\n"
+    "_reference_build = build\n"
+    "def build(model, ctx):\n"
+    "    own = Model(model.spec, {k: v.clone() for k, v in model.weights.items()}, model.source,\n"
+    "                model.full_num_layers)\n"
+    "    forward = _reference_build(own, ctx)\n"
+    "    if ctx.rank == 1:  # the second rank's shard only: rank 0's digest alone would not see it\n"
+    "        model.weights['layers.0.wq'].add_(0.5)\n"
+    "    return forward\n").source, {"tp": 2}), description="tp2, corrupts rank 1's shared weights")
+
+
+@pytest.fixture(scope="module")
+def evaluator() -> Iterator[Evaluator]:
+    with Evaluator(CONFIG) as ev:
+        yield ev
+
+
+def test_a_layout_runs_in_a_group_of_its_ranks_and_is_timed_in_device_seconds(evaluator: Evaluator) -> None:
+    v = evaluator.evaluate(in_layout(c.BASE, "tp2"), incumbent=c.BASE)
+    stages = [name for name, _ in v.stages]
+    assert "correctness" in stages and "integrity" in stages and v.stage == "timing", (v.stage, v.reason)
+    assert evaluator.engines("fast").challenger_devices == 2
+    # Two gloo ranks of a tiny model: each step's all-reduces cost more than half the work saves, and its two
+    # devices count twice: not cheaper than one device in device-seconds.
+    assert v.speedup.ci_high < 1.0 and not v.accepted, v.reason
+    # The one-device challenger worker is the loaded one again for the next candidate.
+    assert evaluator.evaluate(c.WRONG, incumbent=c.BASE).stage == "correctness"
+    assert evaluator.engines("fast").challenger_devices == 1
+
+
+def test_a_rank_that_changes_its_shard_is_caught(evaluator: Evaluator) -> None:
+    v = evaluator.evaluate(CORRUPT_RANK_1, incumbent=c.BASE)
+    assert not v.accepted and v.stage == "integrity" and "weights" in v.reason, (v.stage, v.reason)
+
+
+@pytest.mark.parametrize(("layout", "why"), [('"tp3"', "does not divide over 3 ranks"), ("3", "is not a layout"),
+                                             ('"tp2,dp2"', "DP replicas")])
+def test_a_layout_no_group_can_run_is_refused_in_one_line(evaluator: Evaluator, layout: str, why: str) -> None:
+    cand = c.patched(f"LAYOUT = {layout}\n")
+    v = evaluator.evaluate(cand, incumbent=c.BASE)
+    assert not v.accepted and v.stage == "smoke" and why in v.reason and "\n" not in v.reason, v.reason
