@@ -63,9 +63,9 @@ class TierEngines:
         self._config, self._timeouts = config, timeouts
         self.reference = Supervisor(dataclasses.replace(config, max_resident=1, trusted=True), timeouts)
         """Trusted: it never imports candidate code, so it alone may write the shared compile cache."""
-        self.threads = config.cpu_threads or 2
-        """CPU threads a worker may keep busy during its turn: the intra-op threads on a CPU; on CUDA the host
-        thread that launches and waits, and one for the runtime."""
+        self.threads = config.cpu_threads + (1 if cfg.device.startswith("cuda") else 0)
+        """CPU threads a worker may keep busy during its turn: the intra-op threads; on CUDA one more for the runtime's
+        (the driver's and the RPC socket's I/O threads)."""
         self.device_clock = cfg.device.startswith("cuda")
         self._digests: dict[str, str] = {}
         """The trusted reference worker's weights digest per layout name (`integrity.shards_digest`)."""

@@ -202,7 +202,8 @@ def run_interleaved(sides: Sequence[Side], script: Script, seed: int, timeout_s:
         given = max(threads, 1) * group_size(w.config)  # a layout group: each rank its threads
         allowed = given * turns_s[id(w)] + CPU_SLACK_S
         if used > allowed:
-            raise Refused(f"a worker used {used:.2f} CPU seconds during turns of {turns_s[id(w)]:.2f} s at "
+            who = "a trusted worker" if any(s.trusted and s.worker is w for s in sides) else "the challenger's worker"
+            raise Refused(f"{who} used {used:.2f} CPU seconds during turns of {turns_s[id(w)]:.2f} s at "
                           f"{given} thread(s): work on threads or processes it was not given")
     times = _cross_checked(inside, outside, sides) if device_clock else outside
     logits = torch.stack([torch.cat(kept[c]) for c in logits_of]) if logits_of and kept[logits_of[0]] else None

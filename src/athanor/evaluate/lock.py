@@ -91,9 +91,10 @@ def timing_threads(device: str) -> int:
     """Intra-op threads for an engine that is timed on `device`.
 
     On CPU, one less than the usable cores, at least one: the caller's process and the OS keep a
-    core, and OpenMP threads competing for cores spin and turn timings into noise. On CUDA, 0
-    (torch's default; the host threads only launch graphs).
+    core, and OpenMP threads competing for cores spin and turn timings into noise. On CUDA, one: the
+    host thread launches graphs and waits, and the little CPU work of a step (fingerprints, copies)
+    spread over torch's default pool of every core would be CPU time no turn accounts for.
     """
     if not device.startswith("cpu"):
-        return 0
+        return 1
     return max(1, len(os.sched_getaffinity(0)) - 1)
