@@ -8,7 +8,8 @@ at once. Around every run of a timed or warm-up step:
 
 - only the worker whose turn it is may run: every other worker of the trajectory is stopped (SIGSTOP to all its
   processes), so no thread or child of a challenger can compute ahead, or take a core from the incumbent while
-  the incumbent is timed;
+  the incumbent is timed; and every turn wakes its worker from a stop, the one that just ran too, so every side
+  pays the same wake-up;
 - the step's inputs are sent when its turn comes, and its next tokens (the following step's inputs) only with
   the following request, once this step's outputs have left the worker;
 - the evaluator's own clock, outside every worker, times the request from send to reply. On a CPU that is the
@@ -132,11 +133,12 @@ def run_interleaved(sides: Sequence[Side], script: Script, seed: int, timeout_s:
         """The reply and the outside seconds from sending `req` to its reply (the worker woken before)."""
         nonlocal running
         worker = sides[c].worker
-        if running is not worker:
-            if running is not None:
-                _stop(pids[id(running)])
-            _signal(pids[id(worker)], signal.SIGCONT)
-            running = worker
+        # Every turn starts from a stopped worker, even the one that just ran (the incumbent and its twin share one
+        # on a GPU): a side that skipped the wake-up others pay would be timed on a different footing.
+        if running is not None:
+            _stop(pids[id(running)])
+        _signal(pids[id(worker)], signal.SIGCONT)
+        running = worker
         return call(c, req)
 
     def call(c: int, req: p.StepRequest) -> tuple[p.StepReply, float]:
