@@ -121,7 +121,7 @@ def settle_run_flags(args: argparse.Namespace) -> None:
             if getattr(args, name) is None:
                 setattr(args, name, value)
         return
-    run = stored_run(out)
+    run = stored_run(out, args.store)
     was = {"model": run.model, "traffic": run.traffic, "budget": run.config.get("budget_s"),
            "agents": ",".join(run.config.get("agents", ())) or None, "seed": run.config.get("seed"),
            "device": run.device}
@@ -146,15 +146,17 @@ def _same_flag(name: str, given: Any, stored: Any) -> bool:
     return bool(given == stored)
 
 
-def stored_run(out: Path) -> Any:
-    """The newest run in the run directory `out` (a one-line error where there is none, creating nothing)."""
+def stored_run(out: Path, shared: str = "") -> Any:
+    """The newest run of the run directory `out`, in the store `shared` (`--store`) or else its own (a one-line
+    error where there is none, creating nothing)."""
+    from athanor.loop.start import runs_in
     from athanor.store import open_store
     from athanor.store.connect import DEFAULT_FILENAME
 
     runs = []
-    if (out / DEFAULT_FILENAME).is_file():  # opening a store where there is none would create one
-        with open_store(out) as store:
-            runs = store.runs(limit=1)
+    if shared or (out / DEFAULT_FILENAME).is_file():  # opening a store where there is none would create one
+        with open_store(shared or out) as store:
+            runs = runs_in(store, out)
     if not runs:
         raise ConfigError(f"--resume: {out} holds no run to resume; drop --resume to start one")
     return runs[0]

@@ -15,15 +15,18 @@ from athanor.evaluate import Verdict
 from athanor.loop.config import CompileConfig
 from athanor.loop.status import precision_flags
 from athanor.seams import declared_layout, layout_name
-from athanor.store import Store
+from athanor.store import Run, Store
 from athanor.traffic import TrafficProfile
+
+RUNS_READ = 10_000
+"""Runs of a shared store looked through for a run directory's own (newest first)."""
 
 
 def start_or_resume(store: Store, cfg: CompileConfig, profile: TrafficProfile, reference: Candidate,
                     incumbent: Candidate | None, emit: Callable[[str], None]) -> str:
     """The run's id: `cfg.resume` continues the store's last run, else a new one is added (refused where the store
     holds one already: one run directory, one run). The reference and the incumbent are its first candidates."""
-    runs = store.runs(limit=1)
+    runs = runs_in(store, cfg.out_dir)
     timed_against = {"id": incumbent.id, "dir": str(cfg.incumbent)} if incumbent else None
     if cfg.resume:
         if not runs:
@@ -45,7 +48,8 @@ def start_or_resume(store: Store, cfg: CompileConfig, profile: TrafficProfile, r
         if runs:
             raise ConfigError(f"--out {cfg.out_dir}: already holds run {runs[0].id}; pass --resume to continue "
                               "it or choose another --out")
-        config = {"budget_s": cfg.budget_s, "agents": list(cfg.agents), "seed": cfg.seed, "precision": cfg.precision}
+        config = {"budget_s": cfg.budget_s, "agents": list(cfg.agents), "seed": cfg.seed, "precision": cfg.precision,
+                  "out_dir": str(cfg.out_dir.resolve())}
         if timed_against:
             config["incumbent"] = timed_against
         run = store.add_run(cfg.model, cfg.traffic, cfg.device, config=config)
@@ -57,6 +61,13 @@ def start_or_resume(store: Store, cfg: CompileConfig, profile: TrafficProfile, r
                             description=f"the incumbent to beat ({m.author}: {m.description})",
                             manifest=dataclasses.asdict(m))
     return run.id
+
+
+def runs_in(store: Store, out_dir: Path) -> list[Run]:
+    """The runs of the run directory `out_dir`, newest first: a store shared by a team's runs (`--store`) holds
+    others too; a run from before runs recorded their directory belongs to the store's own directory."""
+    here = str(out_dir.resolve())
+    return [run for run in store.runs(limit=RUNS_READ) if run.config.get("out_dir", here) == here]
 
 
 def load_incumbent(directory: Path) -> Candidate:

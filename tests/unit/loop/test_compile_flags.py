@@ -4,12 +4,16 @@ mistake creates nothing."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from athanor.cli import main
-from athanor.commands.compile import settle_run_flags
+from athanor.commands.compile import settle_run_flags, stored_run
+from athanor.errors import ConfigError
+from athanor.loop import CompileConfig
+from athanor.loop.session import Session
 from athanor.store import open_store
 
 
@@ -22,7 +26,8 @@ def _stored_run(out: Path) -> str:
 
 
 def _args(out: Path, **given: object) -> argparse.Namespace:
-    flags = {"model": None, "traffic": None, "budget": None, "agents": None, "seed": None, "device": None}
+    flags = {"model": None, "traffic": None, "budget": None, "agents": None, "seed": None, "device": None,
+             "store": ""}
     return argparse.Namespace(out=str(out), resume=True, **{**flags, **given})
 
 
@@ -63,3 +68,17 @@ def test_out_naming_a_file_is_a_one_line_error(tmp_path: Path, capsys: pytest.Ca
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is a file; name a directory" in err[0]
     assert afile.read_text() == "mine\n"
+
+
+def test_a_shared_store_holds_each_run_directorys_own_run(tmp_path: Path) -> None:
+    """A team's store (`--store`) holds many runs: a run directory starts its own beside them, and `--resume`
+    continues that one."""
+    team = str(tmp_path / "team")
+    configs = {name: CompileConfig(model="tiny-dense", out_dir=tmp_path / name, store=team) for name in "ab"}
+    first = {name: Session(config, lambda line: None).run_id for name, config in configs.items()}
+    assert first["a"] != first["b"]
+    for name, config in configs.items():
+        assert stored_run(tmp_path / name, team).id == first[name]
+        assert Session(dataclasses.replace(config, resume=True), lambda line: None).run_id == first[name]
+    with pytest.raises(ConfigError, match="already holds run"):
+        Session(configs["a"], lambda line: None)
