@@ -1,8 +1,9 @@
 """The compile loop on a Ray cluster (`--cluster`): a cluster of two nodes started as separate processes on this
 machine (`ray start`), each offering one CPU screener pinned to a core of its own.
 
-- The fast tier fans out over both screeners and gives the verified winner a run on this machine alone gives: a
-  planted list whose only candidate faster than the slow incumbent (x2) is the reference forward, the others slower.
+- The fast tier fans out over both screeners, the slow tier confirms on a worker of the cluster reserved for it, and
+  the run gives the verified winner a run on this machine alone gives: a planted list whose only candidate faster
+  than the slow incumbent (x2) is the reference forward, the others slower.
 - Killing a screener's process in the middle of its screen: Ray restarts it, the candidate is screened again, the
   store holds one completed screen per candidate (and the lost attempt as worker-lost), the report names the worker.
 - Nodes started with one GPU each: every screener holds a GPU of its own, named in its CUDA_VISIBLE_DEVICES.
@@ -86,7 +87,7 @@ def test_the_cluster_screens_in_parallel_and_confirms_the_winner_one_machine_con
     plant(planted)
     spread, events = _compile(tmp_path / "cluster", tmp_path / "incumbent", cluster=cluster)
     log = "\n".join(events)
-    assert "2 screeners on 2 node(s)" in log, log
+    assert "2 screeners on 2 node(s)" in log and "confirming on the cluster's worker pid" in log, log
     reference = baseline_candidate().id
     assert alone.verified and spread.verified, log  # type: ignore[attr-defined]
     assert alone.winner_id == spread.winner_id == reference, log  # type: ignore[attr-defined]

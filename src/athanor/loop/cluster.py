@@ -1,7 +1,8 @@
 """Fast-tier screening fanned out over a Ray cluster (`athanor compile --cluster ADDRESS`).
 
-The compile session stays one process (agents, the board, the budget, the store, confirmation); what it fans out is
-the fast tier's screening. Each screener is a Ray actor holding a persistent `Evaluator` (its engine workers stay up
+The compile session stays one process (agents, the board, the budget, the store); what it fans out is the fast
+tier's screening, and once the search is over, the slow tier's confirmation goes to a worker of the cluster it
+reserves (the screeners stopped first, so the confirmation has a device and a core to itself). Each screener is a Ray actor holding a persistent `Evaluator` (its engine workers stay up
 between candidates, so a screen costs swaps, not cold starts): one actor per GPU of the cluster, or per CPU where it
 has none, each pinned to one core of its node. Ray places them (one GPU or CPU bundle each, spread over the nodes),
 restarts one whose process dies, and a candidate whose screen was lost with it goes back on the queue.
@@ -101,9 +102,14 @@ class ScreenPool:
             raise ConfigError(f"--cluster {address}: the cluster offers no {'GPU' if gpu else 'CPU'} for a screener")
         remote = ray.remote(num_gpus=1, num_cpus=0)(_Screener) if gpu else ray.remote(num_cpus=1)(_Screener)
         cores = len(os.sched_getaffinity(0))
-        self.actors = [remote.options(max_restarts=2, max_task_retries=0, scheduling_strategy="SPREAD").remote(
-            config, None if gpu else i % cores) for i in range(count)]
+        self._remote, self._cores = remote, cores
+        self.actors = [self._actor(config, i) for i in range(count)]
         self.placements: list[Placement] = ray.get([a.placement.remote() for a in self.actors])
+
+    def _actor(self, config: EvaluateConfig, i: int) -> Any:
+        gpu = config.device.startswith("cuda")
+        return self._remote.options(max_restarts=2, max_task_retries=0, scheduling_strategy="SPREAD").remote(
+            config, None if gpu else i % self._cores)
 
     def __len__(self) -> int:
         return len(self.actors)
@@ -141,6 +147,13 @@ class ScreenPool:
                 continue
             yield cand, verdict
 
+    def confirmer(self, config: EvaluateConfig) -> Confirmer:
+        """Stop the screeners (the search is over) and reserve a worker of the cluster for the slow tier `config`."""
+        self.close()
+        self.actors = [self._actor(config, 0)]
+        self.placements = [self.ray.get(self.actors[0].placement.remote())]
+        return Confirmer(self, config)
+
     def _refresh(self, i: int) -> None:
         """Where screener `i` runs once Ray has restarted it (a new process, perhaps on another node)."""
         try:
@@ -158,3 +171,31 @@ class ScreenPool:
                 log.debug("closing a screener: %s", e)
         for actor in self.actors:
             self.ray.kill(actor)
+        self.actors = []
+
+
+class Confirmer:
+    """The slow tier on the worker a `ScreenPool` reserved: `evaluate` as an `Evaluator`'s, the verdict of a
+    confirmation lost with its worker (Ray restarts it) being the next attempt's."""
+
+    def __init__(self, pool: ScreenPool, config: EvaluateConfig) -> None:
+        self.pool, self.config = pool, config
+
+    @property
+    def where(self) -> str:
+        p = self.pool.placements[0]
+        return f"pid {p.pid} on node {p.node_id[:12]}"
+
+    def evaluate(self, candidate: Candidate, incumbent: Candidate) -> Verdict:
+        for attempt in range(1, LOST_SCREENS_MAX + 1):
+            try:
+                return self.pool.ray.get(self.pool.actors[0].screen.remote(candidate, incumbent))
+            except self.pool.ray.exceptions.RayActorError as e:
+                log.warning("the confirming worker (%s) died confirming %s (%s): attempt %d of %d", self.where,
+                            candidate.id, str(e).splitlines()[0], attempt, LOST_SCREENS_MAX)
+                self.pool._refresh(0)
+        raise ConfigError(f"--cluster: the confirmation of {candidate.id} was lost with its worker {LOST_SCREENS_MAX} "
+                          "times")
+
+    def close(self) -> None:
+        self.pool.close()

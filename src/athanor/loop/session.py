@@ -49,7 +49,7 @@ from athanor.store import EvaluationRecord, Store, open_store
 from athanor.traffic import TrafficProfile, load_profile
 
 if TYPE_CHECKING:
-    from athanor.loop.cluster import ScreenPool
+    from athanor.loop.cluster import Confirmer, ScreenPool
 
 log = logging.getLogger(__name__)
 Events = Callable[[str], None]
@@ -141,7 +141,7 @@ class Session:
         deadline = self._budget_start + cfg.budget_s
         interrupted = False
         fast = Evaluator(cfg.evaluate_config("fast"))
-        slow = Evaluator(cfg.evaluate_config("slow"))
+        slow: Evaluator | Confirmer = Evaluator(cfg.evaluate_config("slow"))
         if cfg.cluster:
             from athanor.loop.cluster import ScreenPool
 
@@ -164,6 +164,12 @@ class Session:
                       + (f", against incumbent {self.baseline.id} ({cfg.incumbent})" if self.incumbent else "")
                       + (f"; {cfg.gpu_plan.describe()}" if not cfg.on_cpu and not cfg.max_seqs else ""))
             self._search(fast, deadline, guess=not (measured or cfg.confirm_reserve_s))
+            if self.pool is not None:
+                slow.close()
+                self._show("reserving a worker of the cluster to confirm on")
+                confirmer = self.pool.confirmer(cfg.evaluate_config("slow"))
+                self.emit(f"confirming on the cluster's worker {confirmer.where}")
+                slow = confirmer
             self._confirm(slow, deadline, fast.config.margin)
             self._confirm_layouts(slow, deadline)
         except KeyboardInterrupt:
@@ -282,7 +288,7 @@ class Session:
             self.budget.record_evaluation(record)
         self.emit(verdict_line("fast", cand.manifest.author, cand.manifest.description, verdict, margin))
 
-    def _confirm(self, slow: Evaluator, deadline: float, margin: float) -> None:
+    def _confirm(self, slow: Evaluator | Confirmer, deadline: float, margin: float) -> None:
         """Confirm what the fast tier's screen forwards (`worth_confirming` against its `margin`) on the whole
         model, best projected cost first, while time remains."""
         ranked = sorted((v for v in self.fast_verdicts.values() if worth_confirming(v, margin) and v.candidate_id
@@ -304,7 +310,7 @@ class Session:
             if slow_verdict.accepted:
                 break
 
-    def _confirm_one(self, slow: Evaluator, cand: Candidate) -> Verdict:
+    def _confirm_one(self, slow: Evaluator | Confirmer, cand: Candidate) -> Verdict:
         """Time `cand` on the whole model against the baseline; record it and tell the agents."""
         self._show(f"confirming {cand.id} on the whole model")
         verdict = slow.evaluate(cand, self.baseline)
@@ -315,7 +321,7 @@ class Session:
         self.emit(verdict_line("slow", cand.manifest.author, cand.manifest.description, verdict))
         return verdict
 
-    def _confirm_layouts(self, slow: Evaluator, deadline: float) -> None:
+    def _confirm_layouts(self, slow: Evaluator | Confirmer, deadline: float) -> None:
         """Confirm the best forward so far in each of `CompileConfig.layouts` (`athanor.loop.layouts`): the winner,
         else the baseline, and the reference forward where that one cannot run in the layout."""
         best = self.sources[self.winner_id() or self.baseline.id]
