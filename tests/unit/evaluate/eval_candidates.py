@@ -169,17 +169,24 @@ TIMING_AWARE = patched(
     "correct for the first 40 decode calls, then skips the layers",
 )
 
-WEIGHTS = patched(
-    "from athanor.model import Model\n"
-    "_reference_build = build\n"
-    "def build(model, ctx):\n"
-    "    own = Model(model.spec, {k: v.clone() for k, v in model.weights.items()}, model.source,\n"
-    "                model.full_num_layers)\n"
-    "    forward = _reference_build(own, ctx)\n"
-    "    model.weights['layers.0.wq'].add_(0.5)  # the shared weights: only the incumbent reads them now\n"
-    "    return forward\n",
-    "correct itself, corrupts the shared weights",
-)
+def corrupting(when: str = "True") -> Candidate:
+    """Correct itself (it runs on a copy), it corrupts the shared weights, which only the incumbent reads then, on
+    the ranks where `when` holds (an expression of `ctx`)."""
+    return patched(
+        "from athanor.model import Model\n"
+        "_reference_build = build\n"
+        "def build(model, ctx):\n"
+        "    own = Model(model.spec, {k: v.clone() for k, v in model.weights.items()}, model.source,\n"
+        "                model.full_num_layers)\n"
+        "    forward = _reference_build(own, ctx)\n"
+        f"    if {when}:\n"
+        "        model.weights['layers.0.wq'].add_(0.5)\n"
+        "    return forward\n",
+        f"correct itself, corrupts the shared weights where {when}",
+    )
+
+
+WEIGHTS = corrupting()
 
 PATCH_TIMER = patched(
     "import time as _time\n"

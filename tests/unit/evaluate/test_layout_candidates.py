@@ -15,16 +15,8 @@ from athanor.evaluate import Evaluator
 from athanor.loop.layouts import in_layout
 from athanor.seams import with_layout
 
-CORRUPT_RANK_1 = Candidate.from_source(with_layout(c.patched(
-    "from athanor.model import Model\n"
-    "_reference_build = build\n"
-    "def build(model, ctx):\n"
-    "    own = Model(model.spec, {k: v.clone() for k, v in model.weights.items()}, model.source,\n"
-    "                model.full_num_layers)\n"
-    "    forward = _reference_build(own, ctx)\n"
-    "    if ctx.rank == 1:  # the second rank's shard only: rank 0's digest alone would not see it\n"
-    "        model.weights['layers.0.wq'].add_(0.5)\n"
-    "    return forward\n").source, {"tp": 2}), description="tp2, corrupts rank 1's shared weights")
+# The second rank's shard only: a digest of rank 0's weights alone would not see it.
+CORRUPT_RANK_1 = Candidate.from_source(with_layout(c.corrupting("ctx.rank == 1").source, {"tp": 2}))
 
 
 @pytest.fixture(scope="module")
