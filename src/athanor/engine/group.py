@@ -152,6 +152,9 @@ def check_layout(config: EngineConfig) -> int:
     from athanor.model.shard import shard_spec
 
     size = group_size(config)
+    if size > 1 and config.device.startswith("cuda"):
+        raise ConfigError(f"layout {','.join(f'{k}={v}' for k, v in config.layout.items())}: ranks of one replica run "
+                          "on the CPU (gloo) for now; NCCL ranks on several GPUs are not built")
     if size > 1:
         spec = load_spec(config.model)
         for rank in range(size):

@@ -118,8 +118,7 @@ class Session:
         """What every candidate is timed against (and a winner must beat)."""
         config.out_dir.mkdir(parents=True, exist_ok=True)
         self.store: Store = open_store(config.store or config.out_dir)
-        self.run_id = start_or_resume(self.store, config, self.profile, self.reference, self.incumbent,
-                                      on_event)
+        self.run_id = start_or_resume(self.store, config, self.profile, self.reference, self.incumbent, on_event)
         self.board = Board(self.store, self.run_id)
         self.agents = make_agents(list(config.agents), agents_config, board=self.board)
         self.budget = BudgetAllocator([a.name for a in self.agents])
@@ -132,7 +131,6 @@ class Session:
             if isinstance(agent, VariantSearch):
                 agent.warm_start(history)
 
-    # -- set-up -------------------------------------------------------------------------------
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> CompileReport:
         cfg = self.config
