@@ -170,7 +170,7 @@ def test_a_noisy_machine_gets_more_pairs_not_a_fresh_start() -> None:
         a, b, c = (scale * 1e-3 * (1 + 0.12 * rng.standard_normal(10)) for scale in (1.0, 0.7, 1.0))
         return np.stack([a, b, c])
 
-    engines = SimpleNamespace(num_layers=2, bandwidth=1e12)
+    engines = SimpleNamespace(num_layers=2, bandwidth=1e12, challenger_devices=1)
     evaluator = Evaluator(EvaluateConfig(model="tiny-dense", max_attempts=2))
     shapes = 3  # the tiny preset's chosen shapes: two decode, one prefill
     first, second = [attempt() for _ in range(shapes)], [attempt() for _ in range(shapes)]
