@@ -11,9 +11,12 @@ import pytest
 from eval_config import CONFIG
 
 from athanor.engine.candidate import Candidate
+from athanor.engine.config import EngineConfig
+from athanor.engine.group import group_size
+from athanor.errors import ConfigError
 from athanor.evaluate import Evaluator
 from athanor.loop.layouts import in_layout
-from athanor.seams import with_layout
+from athanor.seams import declared_layout, with_layout
 
 # The second rank's shard only: a digest of rank 0's weights alone would not see it.
 CORRUPT_RANK_1 = Candidate.from_source(with_layout(c.corrupting("ctx.rank == 1").source, {"tp": 2}))
@@ -43,9 +46,16 @@ def test_a_rank_that_changes_its_shard_is_caught(evaluator: Evaluator) -> None:
     assert not v.accepted and v.stage == "integrity" and "weights" in v.reason, (v.stage, v.reason)
 
 
-@pytest.mark.parametrize(("layout", "why"), [('"tp3"', "does not divide over 3 ranks"), ("3", "is not a layout"),
-                                             ('"tp2,dp2"', "DP replicas")])
-def test_a_layout_no_group_can_run_is_refused_in_one_line(evaluator: Evaluator, layout: str, why: str) -> None:
-    cand = c.patched(f"LAYOUT = {layout}\n")
-    v = evaluator.evaluate(cand, incumbent=c.BASE)
-    assert not v.accepted and v.stage == "smoke" and why in v.reason and "\n" not in v.reason, v.reason
+def test_a_layout_no_group_can_run_is_refused_in_one_line(evaluator: Evaluator) -> None:
+    v = evaluator.evaluate(c.patched('LAYOUT = "tp3"\n'), incumbent=c.BASE)
+    assert not v.accepted and v.stage == "smoke" and "does not divide over 3 ranks" in v.reason, v.reason
+    assert "\n" not in v.reason
+
+
+@pytest.mark.parametrize(("layout", "why"), [("3", "is not a layout"), ('"tp2,dp2"', "DP replicas"),
+                                             ('"tp=x"', "give degrees as KEY=N")])
+def test_a_declaration_that_is_no_runnable_layout_is_named(layout: str, why: str) -> None:
+    source = c.patched(f"LAYOUT = {layout}\n").source
+    with pytest.raises(ConfigError) as refused:
+        group_size(EngineConfig(model="tiny-dense", layout=declared_layout(source, "candidate x") or {}))
+    assert why in str(refused.value) and "\n" not in str(refused.value), refused.value
