@@ -1,11 +1,12 @@
-"""Fast-tier screening fanned out over a Ray cluster (`athanor compile --cluster ADDRESS`).
+"""The compile loop on a Ray cluster (`athanor compile --cluster ADDRESS`): screening fanned out, confirming reserved.
 
 The compile session stays one process (agents, the board, the budget, the store); what it fans out is the fast
 tier's screening, and once the search is over, the slow tier's confirmation goes to a worker of the cluster it
-reserves (the screeners stopped first, so the confirmation has a device and a core to itself). Each screener is a Ray actor holding a persistent `Evaluator` (its engine workers stay up
-between candidates, so a screen costs swaps, not cold starts): one actor per GPU of the cluster, or per CPU where it
-has none, each pinned to one core of its node. Ray places them (one GPU or CPU bundle each, spread over the nodes),
-restarts one whose process dies, and a candidate whose screen was lost with it goes back on the queue.
+reserves (the screeners stopped first, so the confirmation has a device and a core to itself). Each screener is a
+Ray actor holding a persistent `Evaluator` (its engine workers stay up between candidates, so a screen costs swaps,
+not cold starts): one actor per GPU of the cluster, or per CPU where it has none, each pinned to one core of its
+node. Ray places them (one GPU or CPU bundle each, spread over the nodes), restarts one whose process dies, and a
+candidate whose screen was lost with it goes back on the queue.
 
 The sandbox holds: an actor is a supervisor like the session's own evaluator. Candidate code runs only in the engine
 workers it starts, which hold no Ray connection (their descriptors are closed at spawn) and enter their own
