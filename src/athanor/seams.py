@@ -19,28 +19,24 @@ def pages_for(num_tokens: int, page_size: int) -> int:
     return -(-num_tokens // page_size)
 
 
-def _declared(source: str, name: str) -> object:
-    """The constant a module-level `NAME = <constant>` of `source` assigns (None: no such assignment, or a source
-    that does not parse: the import reports the syntax error itself, with its line)."""
+def _constants(source: str) -> dict[str, object] | None:
+    """What the module-level `NAME = <constant>` assignments of `source` assign, by name (None: a source that does
+    not parse; the import reports the syntax error itself, with its line)."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
         return None
-    for node in tree.body:
-        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
-                and isinstance(node.value, ast.Constant)):
-            return node.value.value
-    return None
+    return {t.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant) for t in node.targets if isinstance(t, ast.Name)}
 
 
 def declared_seam(source: str) -> int:
     """The seam version a candidate's source declares (a module-level `SEAM_VERSION = <int>`); 1 when it declares
     none (files from before the seam had a version)."""
-    try:
-        ast.parse(source)
-    except SyntaxError:
-        return SEAM_VERSION  # the import reports the syntax error itself, with its line
-    version = _declared(source, "SEAM_VERSION")
+    constants = _constants(source)
+    if constants is None:
+        return SEAM_VERSION
+    version = constants.get("SEAM_VERSION")
     return version if isinstance(version, int) and not isinstance(version, bool) else 1
 
 
@@ -48,7 +44,7 @@ def declared_layout(source: str, what: str = "the candidate") -> dict[str, int] 
     """The parallel layout a candidate's source declares (a module-level `LAYOUT = "tp2"`, in `athanor plan`'s
     names or `tp=2,ep=2`) as degrees over 1 by key; None when it declares none, so runs in whatever layout its
     engine was started with. A ConfigError naming `what` for a declaration that is not a layout."""
-    layout = _declared(source, "LAYOUT")
+    layout = (_constants(source) or {}).get("LAYOUT")
     if layout is None:
         return None
     if not isinstance(layout, str):

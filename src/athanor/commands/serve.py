@@ -159,11 +159,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise ConfigError(f"--layout {args.layout}: the candidate in {args.candidate} declares LAYOUT = "
                               f"\"{layout_name(declared)}\"; drop --layout to serve it in its layout")
         layout = layout if declared is None else declared  # a compile's winner runs in the layout it won in
-        args.layout = args.layout or layout_name(layout)
-    check_layout(EngineConfig(model=args.model, layout=layout))
-    if layout and device.type == "cuda":
-        raise ConfigError(f"--layout {args.layout}: ranks of one replica run on the CPU (gloo) for now; NCCL ranks on "
-                          "several GPUs are not built")
+    check_layout(EngineConfig(model=args.model, device=device.type, layout=layout))
     check_port_free(args.host, args.port)  # before the model loads, not after
     options = ServeOptions(
         model=args.model, candidate_dir=args.candidate, served_model_name=args.served_model_name, device=str(device),
@@ -175,7 +171,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         scheduler=SchedulerConfig(max_num_batched_tokens=step_tokens, max_queue=args.max_queue))
     logging.getLogger("athanor").setLevel(logging.INFO)
     log.info("serving %s (%s) on %s%s in %s: up to %d sequences of up to %d tokens, %d tokens a step", args.model,
-             args.candidate or "the reference forward", device, f" as {args.layout}" if layout else "",
+             args.candidate or "the reference forward", device, f" as {layout_name(layout)}" if layout else "",
              dtype or "the stored dtype", args.max_seqs, args.max_seq_len, step_tokens)
     run_server(options, args.host, args.port)
     return 0

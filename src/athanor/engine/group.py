@@ -134,7 +134,7 @@ def close(engine: Engine) -> None:
 def group_size(config: EngineConfig) -> int:
     """Processes one replica of `config.layout` runs on: the TP ranks, over which EP and DCP also spread."""
     degrees = config.layout
-    name = ",".join(f"{k}={v}" for k, v in degrees.items())
+    name = _spelled(degrees)
     if degrees.get("dp", 1) > 1 or degrees.get("pp", 1) > 1:
         raise ConfigError(f"--layout {name}: an engine runs TP, EP and DCP ranks; DP replicas and PP stages are not "
                           "built into it")
@@ -145,6 +145,10 @@ def group_size(config: EngineConfig) -> int:
     return size
 
 
+def _spelled(degrees: dict[str, int]) -> str:
+    return ",".join(f"{k}={v}" for k, v in degrees.items())
+
+
 def check_layout(config: EngineConfig) -> int:
     """The group's size, once every rank's shard of the model is known to exist (a ConfigError naming the shape that
     does not divide, before any process starts)."""
@@ -153,8 +157,8 @@ def check_layout(config: EngineConfig) -> int:
 
     size = group_size(config)
     if size > 1 and config.device.startswith("cuda"):
-        raise ConfigError(f"layout {','.join(f'{k}={v}' for k, v in config.layout.items())}: ranks of one replica run "
-                          "on the CPU (gloo) for now; NCCL ranks on several GPUs are not built")
+        raise ConfigError(f"--layout {_spelled(config.layout)}: ranks of one replica run on the CPU (gloo) for now; "
+                          "NCCL ranks on several GPUs are not built")
     if size > 1:
         spec = load_spec(config.model)
         for rank in range(size):

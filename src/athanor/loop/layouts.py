@@ -52,11 +52,7 @@ def check_layouts(model: str, layouts: tuple[str, ...], device: str) -> None:
     from athanor.engine.group import check_layout
 
     for name in layouts:
-        degrees = parse_layout(name, "--layout")
-        if device != "cpu":
-            raise ConfigError(f"--layout {name}: a layout's ranks run on the CPU (gloo) for now; NCCL ranks on several "
-                              "GPUs are not built")
-        check_layout(EngineConfig(model=model, layout=degrees))
+        check_layout(EngineConfig(model=model, device=device, layout=parse_layout(name, "--layout")))
 
 
 def in_layout(cand: Candidate, layout: str) -> Candidate:
