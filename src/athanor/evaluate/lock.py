@@ -43,11 +43,6 @@ def lock_paths(device: str) -> list[Path]:
     return [lock_dir() / (re.sub(r"[^a-z0-9_.-]", "_", name) + ".lock")]
 
 
-def lock_path(device: str) -> Path:
-    """The first of `lock_paths`: the one every holder of the device takes first."""
-    return lock_paths(device)[0]
-
-
 @contextlib.contextmanager
 def device_lock(device: str, timeout_s: float = 3600.0) -> Iterator[float]:
     """Hold `device` exclusively (every lock of it, in order); yields the seconds waited. TimeoutError after

@@ -11,7 +11,7 @@ import eval_candidates as c
 import pytest
 
 from athanor.cli import main
-from athanor.evaluate.lock import device_lock, lock_path
+from athanor.evaluate.lock import device_lock, lock_paths
 
 
 def test_cli_rejects_wrong_candidate_with_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -49,11 +49,12 @@ def _hold(path_env: str, seconds: float) -> None:
 
 def test_device_lock_excludes_other_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ATHANOR_CACHE", str(tmp_path))
-    assert lock_path("cuda") == lock_path("cuda:0") != lock_path("cpu")
+    assert lock_paths("cuda") == lock_paths("cuda:0") != lock_paths("cpu")
+    first = lock_paths("cpu")[0]  # every holder of the CPU takes it first
     # Forked holders: another process, which needs only the lock, not a fresh interpreter importing torch.
     holder = multiprocessing.get_context("fork").Process(target=_hold, args=(str(tmp_path), 1.0))
     holder.start()
-    while not lock_path("cpu").exists() or not lock_path("cpu").read_text().strip():
+    while not first.exists() or not first.read_text().strip():
         time.sleep(0.02)
     with device_lock("cpu") as waited:
         assert waited > 0.3  # the other process held it
@@ -61,7 +62,7 @@ def test_device_lock_excludes_other_processes(tmp_path: Path, monkeypatch: pytes
     with pytest.raises(TimeoutError):
         holder = multiprocessing.get_context("fork").Process(target=_hold, args=(str(tmp_path), 1.0))
         holder.start()
-        while not lock_path("cpu").read_text().strip():
+        while not first.read_text().strip():
             time.sleep(0.02)
         try:
             with device_lock("cpu", timeout_s=0.1):
