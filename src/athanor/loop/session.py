@@ -303,7 +303,8 @@ class Session:
             slow_verdict = self._confirm_one(slow, self.sources[verdict.candidate_id])
             # The first one started the slow tier's engines: with its timing done, it is what a reserve must hold.
             last = max(self.reserve / self.confirmations, self.clock() - on_clock)  # a fast failure says nothing
-            if i == 0 and any(stage == "slow" for stage, _ in slow_verdict.stages):
+            # The record is this machine's: a confirmation on a cluster's worker (`pool`) says nothing of it.
+            if i == 0 and self.pool is None and any(stage == "slow" for stage, _ in slow_verdict.stages):
                 record_confirmation(self.config.confirmation_key, time.monotonic() - started)
             if slow_verdict.accepted:
                 break
