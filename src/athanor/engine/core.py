@@ -163,11 +163,14 @@ class Engine:
         return Resident(cand, module, forward, ctx, runner)
 
     def _warm(self, resident: Resident, times: dict[str, float]) -> None:
-        """Capture a built candidate's decode graphs and run its first step."""
+        """Capture a built candidate's decode graphs (off graphs, a static-shape forward runs each bucket once
+        instead) and run its first step."""
         cfg, runner = self.config, resident.runner
         t = time.perf_counter()
         if self.use_graphs and bool(getattr(resident.forward, "graph_safe", False)):
             runner.capture()
+        elif runner.static:
+            runner.warm()
         times["capture"] = time.perf_counter() - t
         t = time.perf_counter()
         # A first step on the padding slot: proves decode runs and returns [1, vocab].

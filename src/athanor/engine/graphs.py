@@ -3,7 +3,9 @@
 Owned by the engine, one per resident candidate, on the model's device. A decode batch of B
 rows is copied into the static buffers, padded up to the next bucket with rows that point at
 the padding slot `max_seqs`, and the captured graph of decode + sampling for that bucket is
-replayed. On CPU, or for a candidate that is not graph-safe, the same step runs eagerly.
+replayed. On CPU, or for a candidate that is not graph-safe, the same step runs eagerly: unpadded, unless the
+forward declares `static_shapes` (a decode compiled for fixed shapes), whose steps are padded to their bucket as a
+graph's are and whose every bucket runs once at the swap (`warm`), so no compile lands in a timed step.
 
 Each bucket has two graphs: decode + `sample` (temperature, top-p: a softmax and a sort over the
 vocabulary, a real share of a step at a large vocabulary) and decode + argmax, which a step whose
@@ -119,6 +121,8 @@ class DecodeRunner:
         self._pool: Any = None  # the graphs' shared memory pool handle
         self._last: tuple[int, int, bool] | None = None
         """(rows, bucket, greedy) of the last graph replayed (what `step_again` continues)."""
+        self.static = bool(getattr(forward, "static_shapes", False))
+        """Eager steps padded to their bucket: the forward compiles its decode for the buckets' shapes alone."""
         self.forward_tokens = False
         """Whether a greedy step took its tokens from the forward's `decode_greedy` (a graph captured one, say): set
         once and kept, so that a forward dropping the method afterwards does not escape the evaluator's check."""
@@ -157,18 +161,23 @@ class DecodeRunner:
         b = self._in
         return StepInputs(*(getattr(b, f)[:rows] for f in StepInputs.__dataclass_fields__))
 
-    def capture(self) -> None:
-        """Capture decode + sampling for every bucket (largest first, sharing one memory pool)."""
+    def warm(self, rounds: int = 1) -> None:
+        """Run decode on the padding rows of every bucket, `rounds` times: lazy inits, autotuning, compiles and the
+        allocator's growth happen here, at the swap, not in a step that is timed."""
         self._pad_from(0)
-        stream = capture_stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
         # A forward's own greedy path is other code than its decode (a kernel to tune, say): warmed too.
         paths = (False, True) if getattr(self.forward, "decode_greedy", None) is not None else (False,)
-        with torch.cuda.stream(stream):  # warm-up outside capture: lazy inits, autotuning, allocator
-            for _ in range(2):
-                for rows in self.buckets:
-                    for greedy in paths:
-                        self.eager(self._view(rows), greedy)
+        for _ in range(rounds):
+            for rows in self.buckets:
+                for greedy in paths:
+                    self.eager(self._view(rows), greedy)
+
+    def capture(self) -> None:
+        """Capture decode + sampling for every bucket (largest first, sharing one memory pool)."""
+        stream = capture_stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):  # warm-up outside capture
+            self.warm(rounds=2)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         device = torch.device("cuda", self.device.index if self.device.index is not None else
                               torch.cuda.current_device())
@@ -202,16 +211,24 @@ class DecodeRunner:
         """Copy `x` into the static inputs, pad to its bucket, and return that bucket's (graph, output
         tokens, output logits) to replay — the argmax graph when `greedy`; None when no graph fits."""
         num_rows = int(x.tokens.shape[0])
-        i = bisect.bisect_left(self.buckets, num_rows)
-        if not self._graphs or i == len(self.buckets):
+        bucket = self._bucket(num_rows)
+        if not self._graphs or bucket is None:
             return None
-        fields = GREEDY_INPUTS if greedy else ALL_INPUTS
+        self._copy_in(x, num_rows, GREEDY_INPUTS if greedy else ALL_INPUTS)
+        self._last = (num_rows, bucket, greedy)
+        return self._graphs[(bucket, greedy)]
+
+    def _bucket(self, num_rows: int) -> int | None:
+        """The smallest bucket that holds `num_rows` rows; None past the largest."""
+        i = bisect.bisect_left(self.buckets, num_rows)
+        return self.buckets[i] if i < len(self.buckets) else None
+
+    def _copy_in(self, x: StepInputs, num_rows: int, fields: tuple[str, ...]) -> None:
+        """`x`'s `fields` into the static inputs, the rows after them padding."""
         # One multi-tensor launch per dtype rather than one per field: launches are most of a small batch's staging.
         torch._foreach_copy_([getattr(self._in, name)[:num_rows] for name in fields],
                              [getattr(x, name) for name in fields], non_blocking=True)
         self._pad_from(num_rows, fields)
-        self._last = (num_rows, self.buckets[i], greedy)
-        return self._graphs[(self.buckets[i], greedy)]
 
     def step(self, x: StepInputs, greedy: bool = False) -> tuple[Tensor, Tensor, bool]:
         """(next tokens [B], logits [B, vocab], whether a graph ran) for rows already on the device.
@@ -221,8 +238,14 @@ class DecodeRunner:
         staged = self.stage(x, greedy)
         if staged is None:
             self._last = None
-            tokens, logits = self.eager(x, greedy)
-            return tokens, logits, False
+            num_rows = int(x.tokens.shape[0])
+            bucket = self._bucket(num_rows) if self.static else None
+            if bucket is None:
+                tokens, logits = self.eager(x, greedy)
+                return tokens, logits, False
+            self._copy_in(x, num_rows, ALL_INPUTS)
+            tokens, logits = self.eager(self._view(bucket), greedy)
+            return tokens[:num_rows], logits[:num_rows], False
         graph, out_tokens, out_logits = staged
         graph.replay()
         num_rows = int(x.tokens.shape[0])

@@ -203,6 +203,9 @@ class Forward(Protocol):
     # argmax (the first maximum of its logits), for a forward that makes the tokens more cheaply than the engine's
     # argmax after it (e.g. inside its LM head). The engine then calls it for the steps whose rows are all greedy,
     # and the evaluator checks on every run that the tokens are the argmax of the logits returned with them.
+    # Optional: `static_shapes = True`, for a decode compiled for fixed shapes (torch.compile, dynamic=False): the
+    # engine then pads every decode step to its batch bucket even where it captures no graph, and runs each bucket
+    # once when the candidate is swapped in, so no compile falls inside a step that is served or timed.
 
 
 def make_prefill_batch(

@@ -41,3 +41,28 @@ def test_greedy_steps_take_decode_greedy_and_check_what_it_returns() -> None:
     forward.decode_greedy = lambda batch: (forward.decode(batch).argmax(-1).int(), forward.decode(batch))
     with pytest.raises(CandidateError, match="torch.int32 tensor of shape .2. as its tokens, expected an int64"):
         runner.step(x, greedy=True)
+
+
+def test_a_static_shape_forward_is_padded_to_its_bucket_and_warmed_at_every_one() -> None:
+    """A forward compiled for fixed shapes (`static_shapes`) sees only the buckets' batch sizes, all of them at the
+    warm-up, and its steps give the same rows as the unpadded reference's."""
+    spec = get_preset("tiny-dense").with_layers(1)
+    cpu = torch.device("cpu")
+    model = random_model(spec, seed=0)
+    forward = reference_build(model, BuildContext(cpu, torch.float32, 4, 64))
+    seen: list[int] = []
+    decode = forward.decode
+    forward.decode = lambda batch: (seen.append(int(batch.tokens.shape[0])), decode(batch))[1]
+    forward.static_shapes = True
+    runner = DecodeRunner(forward, 4, spec.vocab_size, cpu, (1, 2, 4))
+    runner.warm()
+    assert seen == [1, 2, 4]
+    seen.clear()
+    three = torch.tensor([0, 1, 2])
+    x = StepInputs(torch.tensor([5, 9, 3]), three, three, three, torch.zeros(3), torch.ones(3),
+                   torch.zeros(3, dtype=torch.long))
+    tokens, logits, used_graph = runner.step(x, greedy=True)
+    assert seen == [4] and not used_graph and tokens.shape == (3,) and logits.shape == (3, spec.vocab_size)
+    plain = reference_build(model, BuildContext(cpu, torch.float32, 4, 64))
+    want = DecodeRunner(plain, 4, spec.vocab_size, cpu, (1, 2, 4)).step(x, greedy=True)[1]
+    assert torch.allclose(logits, want, atol=1e-6)

@@ -52,6 +52,8 @@ class FastForward:
         if OPTIONS["lm_head"] == "triton_greedy":  # the engine takes the greedy steps' tokens from this forward
             self.decode_greedy = self._decode_greedy
         self._decode_layers = self.decode_layers
+        # Compiled for fixed shapes: the engine pads decode to its buckets and compiles each at the swap.
+        self.static_shapes = OPTIONS["compile"] is not None
         if OPTIONS["compile"] is not None:
             # No "reduce-overhead": the engine captures the whole step in its own CUDA graphs.
             self._decode_layers = torch.compile(self.decode_layers, mode=OPTIONS["compile"], dynamic=False)
