@@ -81,6 +81,17 @@ class Evaluator:
         self._calibration: dict[tuple[str, str], dict[obj.StepShape, np.ndarray]] = {}
         """Per (tier, incumbent): its step times per timed shape, measured before a challenger was loaded."""
 
+    def with_checks(self, **checks: object) -> Evaluator:
+        """An evaluator on this one's engines (and their calibrations) that judges by other checks: `bitwise`,
+        `quality` or `static_checks`, which decide on what the engines return and change nothing they run. Closing
+        either closes the engines of both."""
+        other = set(checks) - {"bitwise", "quality", "static_checks"}
+        if other:
+            raise ValueError(f"with_checks: {', '.join(sorted(other))} would change what the engines run")
+        view = Evaluator(replace(self.config, **checks))  # type: ignore[arg-type]
+        view._engines, view._calibration = self._engines, self._calibration
+        return view
+
     def workload(self) -> Workload:
         if self._workload is None:
             from athanor.traffic import load_profile, workload_from_profile

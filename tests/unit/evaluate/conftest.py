@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,27 +25,22 @@ def evaluator() -> Iterator[Evaluator]:
 
 @pytest.fixture(scope="session")
 def runtime_evaluator() -> Iterator[Evaluator]:
-    """Static checks off: each runtime defence must stand on its own."""
-    yield from _evaluator(static_checks=False)
-
-
-def _evaluator(**changes: object) -> Iterator[Evaluator]:
-    import dataclasses
-
-    with Evaluator(dataclasses.replace(CONFIG, **changes)) as ev:  # type: ignore[arg-type]
+    """Static checks off: each runtime defence must stand on its own. Engines of its own: the cheats it meets
+    leave their workers to be restarted, which the other tests' engines need not pay for."""
+    with Evaluator(dataclasses.replace(CONFIG, static_checks=False)) as ev:
         yield ev
 
 
-@pytest.fixture(scope="module")
-def bitwise_evaluator() -> Iterator[Evaluator]:
-    yield from _evaluator(bitwise=True)
+@pytest.fixture(scope="session")
+def bitwise_evaluator(evaluator: Evaluator) -> Evaluator:
+    return evaluator.with_checks(bitwise=True)
 
 
-@pytest.fixture(scope="module")
-def quality_evaluator() -> Iterator[Evaluator]:
-    yield from _evaluator(quality=QualityBudget(max_kl=0.01, max_ppl_increase=0.02))
+@pytest.fixture(scope="session")
+def quality_evaluator(evaluator: Evaluator) -> Evaluator:
+    return evaluator.with_checks(quality=QualityBudget(max_kl=0.01, max_ppl_increase=0.02))
 
 
-@pytest.fixture(scope="module")
-def tight_quality_evaluator() -> Iterator[Evaluator]:
-    yield from _evaluator(quality=QualityBudget(max_kl=1e-9, max_ppl_increase=0.02))
+@pytest.fixture(scope="session")
+def tight_quality_evaluator(evaluator: Evaluator) -> Evaluator:
+    return evaluator.with_checks(quality=QualityBudget(max_kl=1e-9, max_ppl_increase=0.02))
