@@ -6,6 +6,7 @@ machine (`ray start`), each offering one CPU screener pinned to a core of its ow
   than the slow incumbent (x2) is the reference forward, the others slower.
 - Killing a screener's process in the middle of its screen: Ray restarts it, the candidate is screened again, the
   store holds one completed screen per candidate (and the lost attempt as worker-lost), the report names the worker.
+- Both cluster runs keep their store in PostgreSQL where ATHANOR_TEST_POSTGRES_URL names a server (CI's).
 - Nodes started with one GPU each: every screener holds a GPU of its own, named in its CUDA_VISIBLE_DEVICES.
 """
 
@@ -29,7 +30,9 @@ from athanor.loop import CompileConfig, compile_session
 from athanor.serve.launch import free_port
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit" / "loop"))  # the loop tests' planted agent
+sys.path.insert(0, str(Path(__file__).parents[1] / "unit" / "store"))  # and the store tests' PostgreSQL database
 from loop_doubles import PlantedAgent
+from postgres_db import POSTGRES_ENV, postgres_database
 
 pytest.importorskip("ray", reason="the cluster tests need Ray: pip install 'athanor[cluster]'")
 pytestmark = [pytest.mark.slow, pytest.mark.timing]  # verdicts on measured speed: run alone
@@ -60,6 +63,16 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
 
 @pytest.fixture
+def store() -> Iterator[str]:
+    """The cluster run's store: a fresh PostgreSQL database where ATHANOR_TEST_POSTGRES_URL names a server (as CI's
+    does), the kind a team's cluster shares; else the run's own SQLite file ("")."""
+    if os.environ.get(POSTGRES_ENV):
+        yield from postgres_database()
+    else:
+        yield ""
+
+
+@pytest.fixture
 def plant(monkeypatch: pytest.MonkeyPatch) -> Callable[[list[Candidate]], None]:
     """`plant(candidates)`: `--agents planted` proposes these (for this test only)."""
     def register(candidates: list[Candidate]) -> None:
@@ -77,7 +90,7 @@ def _compile(out: Path, slow_dir: Path, **kw: object) -> tuple[object, list[str]
 
 
 def test_the_cluster_screens_in_parallel_and_confirms_the_winner_one_machine_confirms(
-        tmp_path: Path, cluster: str, plant: Callable[[list[Candidate]], None],
+        tmp_path: Path, cluster: str, store: str, plant: Callable[[list[Candidate]], None],
         write_slow_candidate: Callable[..., Candidate]) -> None:
     write_slow_candidate(tmp_path / "incumbent")  # x2 slower than the reference
     slower = [write_slow_candidate(tmp_path / f"x{n}", n) for n in (3, 4)]
@@ -85,7 +98,7 @@ def test_the_cluster_screens_in_parallel_and_confirms_the_winner_one_machine_con
     plant(planted)
     alone, _ = _compile(tmp_path / "alone", tmp_path / "incumbent")
     plant(planted)
-    spread, events = _compile(tmp_path / "cluster", tmp_path / "incumbent", cluster=cluster)
+    spread, events = _compile(tmp_path / "cluster", tmp_path / "incumbent", cluster=cluster, store=store)
     log = "\n".join(events)
     assert "2 screeners on 2 node(s)" in log and "confirming on the cluster's worker pid" in log, log
     reference = baseline_candidate().id
@@ -107,7 +120,7 @@ def test_each_screener_holds_a_gpu_of_its_own(cluster: str) -> None:
 
 
 def test_a_screener_killed_mid_screen_is_replaced_and_its_candidate_screened_again(
-        tmp_path: Path, cluster: str, plant: Callable[[list[Candidate]], None],
+        tmp_path: Path, cluster: str, store: str, plant: Callable[[list[Candidate]], None],
         write_slow_candidate: Callable[..., Candidate]) -> None:
     import athanor.loop.cluster as cluster_module
 
@@ -129,15 +142,15 @@ def test_a_screener_killed_mid_screen_is_replaced_and_its_candidate_screened_aga
 
     cluster_module.ScreenPool.screen = screen_and_kill  # type: ignore[method-assign]
     try:
-        report, events = _compile(tmp_path / "run", tmp_path / "incumbent", cluster=cluster)
+        report, events = _compile(tmp_path / "run", tmp_path / "incumbent", cluster=cluster, store=store)
     finally:
         cluster_module.ScreenPool.screen = screen  # type: ignore[method-assign]
     log = "\n".join(events)
     assert killed and any("died during the screen" in e for e in events), log
     from athanor.store import open_store
 
-    with open_store(tmp_path / "run") as store:
-        evaluations = store.evaluations(report.run_id)  # type: ignore[attr-defined]
+    with open_store(store or tmp_path / "run") as opened:
+        evaluations = opened.evaluations(report.run_id)  # type: ignore[attr-defined]
     fast = [ev for ev in evaluations if ev.tier == "fast"]
     done = [ev.candidate_id for ev in fast if ev.stage != "worker-lost"]
     assert sorted(done) == sorted({baseline_candidate().id, *(c.id for c in planted)}), done

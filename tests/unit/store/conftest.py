@@ -4,32 +4,15 @@ fresh database on the PostgreSQL server named by ATHANOR_TEST_POSTGRES_URL (skip
 
 from __future__ import annotations
 
-import os
-import uuid
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-POSTGRES_ENV = "ATHANOR_TEST_POSTGRES_URL"
+sys.path.insert(0, str(Path(__file__).parent))
 
-
-def _postgres_database() -> Iterator[str]:
-    url = os.environ.get(POSTGRES_ENV, "")
-    if not url:
-        pytest.skip(f"PostgreSQL tests need a server: set {POSTGRES_ENV} "
-                    "(e.g. export {POSTGRES_ENV}=$(scripts/start_postgres.sh))".replace("{POSTGRES_ENV}", POSTGRES_ENV))
-    import psycopg
-
-    name = f"athanor_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    base, _, _ = url.rpartition("/")
-    try:
-        yield f"{base}/{name}"
-    finally:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+from postgres_db import postgres_database
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -38,4 +21,4 @@ def store_location(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[s
     if request.param == "sqlite":
         yield str(tmp_path)
     else:
-        yield from _postgres_database()
+        yield from postgres_database()
