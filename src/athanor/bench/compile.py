@@ -2,13 +2,15 @@
 
 The figures: the session's wall time against its budget, the candidates screened on the fast tier and confirmed on
 the slow tier, the verified winner's speedup over the reference with its interval (device-seconds per 1,000
-requests of the traffic), and the winner's batch-1 decode step through `athanor bench decode`'s path.
+requests of the traffic), the winner's batch-1 decode step through `athanor bench decode`'s path, and the CPU time
+of the session's own process (the driver: agents, store, statistics; on a cluster, the head's share of the work).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import resource
 import tempfile
 import time
 from collections.abc import Callable
@@ -33,14 +35,17 @@ def bench_compile(config: CompileConfig, run_dir: str | Path | None = None, deco
     with tempfile.TemporaryDirectory(prefix="athanor-bench-compile-") as tmp:
         out = Path(run_dir) if run_dir else Path(tmp) / "run"
         config = dataclasses.replace(config, device=torch.device(device).type, out_dir=out)
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), _own_cpu_s()
         report = compile_session(config, on_event=on_event)
-        wall_s = time.perf_counter() - t
+        wall_s, driver_cpu_s = time.perf_counter() - t, _own_cpu_s() - cpu
         summary = report.summary
         per_tier = summary.get("candidates_evaluated", {}).get("per_tier", {})
         record: dict[str, Any] = {
             "benchmark": "compile", "model": config.model, "traffic": config.traffic, "budget_s": config.budget_s,
             "agents": list(config.agents), "seed": config.seed, **provenance(device), "wall_s": wall_s,
+            "driver_cpu_s": driver_cpu_s, "cluster": config.cluster,
+            # The kind of store alone: a URL may carry a password.
+            "store": "postgresql" if config.store.startswith("postgresql") else "sqlite",
             "screened": per_tier.get("fast", 0), "confirmed": per_tier.get("slow", 0),
             "verified": report.verified, "interrupted": report.interrupted, "winner_id": report.winner_id,
             "speedup": report.speedup, "reason": summary.get("reason", ""), "report": summary,
@@ -53,10 +58,20 @@ def bench_compile(config: CompileConfig, run_dir: str | Path | None = None, deco
     return record
 
 
+def _own_cpu_s() -> float:
+    """CPU seconds of this process, its threads included and its children not (the engine workers are children)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def summary_line(record: dict[str, Any]) -> str:
-    """The session in one line: wall time, candidates, and the winner's speedup and decode step."""
-    head = (f"{record['model']} on {record['device_name']}: {record['wall_s']:.0f} s for a {record['budget_s']:.0f} s "
-            f"budget, {record['screened']} screened, {record['confirmed']} confirmed")
+    """The session in one line: wall time, candidates, the driver's CPU share, and the winner's speedup and decode
+    step."""
+    where = f" on the cluster at {record['cluster']}" if record.get("cluster") else ""
+    share = record["driver_cpu_s"] / max(record["wall_s"], 1e-9)
+    head = (f"{record['model']} on {record['device_name']}{where}: {record['wall_s']:.0f} s for a "
+            f"{record['budget_s']:.0f} s budget, {record['screened']} screened, {record['confirmed']} confirmed; "
+            f"the driver used {record['driver_cpu_s']:.1f} CPU-s ({100 * share:.0f}% of a core)")
     if not record["verified"]:
         return f"{head}; no verified winner: {record['reason']}"
     s = record["speedup"]

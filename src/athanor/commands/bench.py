@@ -105,6 +105,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--out", default="", help="keep the run directory here (default: a temporary one)")
     c.add_argument("--decode-context", type=int, default=1024, help="time the winner's batch-1 decode step at this "
                                                                     "context (0: not)")
+    c.add_argument("--store", default="", help="the experiment store: a path or a postgresql:// URL (default: a "
+                                               "SQLite file in the run directory)")
+    c.add_argument("--cluster", default="", metavar="ADDRESS", help="screen on a Ray cluster, as `athanor compile "
+                                                                    "--cluster` (bench/cluster.sh starts a local one)")
 
     r = add("reference", "the reference forward's CPU decode against HF transformers'", cmd_reference)
     r.add_argument("--steps", type=int, default=64, help="decode steps timed")
@@ -247,7 +251,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     config = CompileConfig(model=args.model, traffic=args.traffic, budget_s=parse_duration(args.budget),
                            agents=tuple(parse_agent_names(args.agents)), device=args.device or "", dtype=args.dtype,
-                           seed=args.seed, max_seqs=args.max_seqs, max_seq_len=args.max_seq_len)
+                           seed=args.seed, max_seqs=args.max_seqs, max_seq_len=args.max_seq_len, store=args.store,
+                           cluster=args.cluster)
     record = bench_compile(config, run_dir=args.out or None, decode_context=args.decode_context,
                            on_event=lambda line: print(line, file=sys.stderr, flush=True))  # progress; the summary last
     _done(record, args, [summary_line(record)])

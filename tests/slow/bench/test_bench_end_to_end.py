@@ -43,6 +43,9 @@ def test_compile_records_the_session_and_its_candidates(tmp_path: Path, capsys: 
     assert record["benchmark"] == "compile" and record["screened"] >= 1 and record["wall_s"] > 0
     assert (tmp_path / "run" / "report.json").is_file() and record["report"]["run_id"]
     assert len(printed) == 1 and f"{record['screened']} screened" in printed[0]
+    # The driver's own CPU time (its engine workers are other processes): some, and less than the wall time at 2 cores.
+    assert 0 < record["driver_cpu_s"] < 2 * record["wall_s"] and "% of a core" in printed[0]
+    assert record["store"] == "sqlite" and record["cluster"] == ""
 
 
 def test_reference_against_hf_transformers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
