@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from sqlalchemy import make_url
 
 from athanor.bench.decode import decode_cell
 from athanor.bench.record import default_device, default_dtype, provenance
 from athanor.loop import CompileConfig, compile_session
+from athanor.store.connect import database_url
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +46,8 @@ def bench_compile(config: CompileConfig, run_dir: str | Path | None = None, deco
             "benchmark": "compile", "model": config.model, "traffic": config.traffic, "budget_s": config.budget_s,
             "agents": list(config.agents), "seed": config.seed, **provenance(device), "wall_s": wall_s,
             "driver_cpu_s": driver_cpu_s, "cluster": config.cluster,
-            # The kind of store alone: a URL may carry a password.
-            "store": "postgresql" if config.store.startswith("postgresql") else "sqlite",
+            # The store's backend alone: a URL may carry a password.
+            "store": make_url(database_url(config.store or out)).get_backend_name(),
             "screened": per_tier.get("fast", 0), "confirmed": per_tier.get("slow", 0),
             "verified": report.verified, "interrupted": report.interrupted, "winner_id": report.winner_id,
             "speedup": report.speedup, "reason": summary.get("reason", ""), "report": summary,

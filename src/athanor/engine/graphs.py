@@ -243,7 +243,7 @@ class DecodeRunner:
             if bucket is None:
                 tokens, logits = self.eager(x, greedy)
                 return tokens, logits, False
-            self._copy_in(x, num_rows, ALL_INPUTS)
+            self._copy_in(x, num_rows, GREEDY_INPUTS if greedy else ALL_INPUTS)
             tokens, logits = self.eager(self._view(bucket), greedy)
             return tokens[:num_rows], logits[:num_rows], False
         graph, out_tokens, out_logits = staged
