@@ -163,8 +163,7 @@ class Engine:
         return Resident(cand, module, forward, ctx, runner)
 
     def _warm(self, resident: Resident, times: dict[str, float]) -> None:
-        """Capture a built candidate's decode graphs (off graphs, a static-shape forward runs each bucket once
-        instead) and run its first step."""
+        """Capture a built candidate's decode graphs (else warm a static-shape one's buckets); run its first step."""
         cfg, runner = self.config, resident.runner
         t = time.perf_counter()
         if self.use_graphs and bool(getattr(resident.forward, "graph_safe", False)):

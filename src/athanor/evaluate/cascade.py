@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -27,6 +27,7 @@ from athanor.evaluate.correctness import QUALITY_SLACK, Comparison, compare
 from athanor.evaluate.engines import IncumbentFailed, ReferenceFailed, TierEngines, twin_of
 from athanor.evaluate.figures import ShapeRuns, tier_figures
 from athanor.evaluate.lock import device_lock
+from athanor.evaluate.progress import Progress, Rejected
 from athanor.evaluate.static_checks import check_source
 from athanor.evaluate.timing import decide, impossible, next_round_pairs, slowdown_low, too_noisy
 from athanor.evaluate.verdict import Speedup, TierResult, Verdict
@@ -37,32 +38,8 @@ from athanor.traffic import Workload
 log = logging.getLogger(__name__)
 
 
-class Rejected(Exception):
-    """A stage failed: carries the stage and the one-line reason (internal control flow)."""
-
-    def __init__(self, stage: str, reason: str, status: str = "rejected") -> None:
-        super().__init__(reason)
-        self.stage, self.reason, self.status = stage, reason, status
-
-
 def versions() -> dict[str, str]:
     return {"torch": torch.__version__, "triton": triton_version() or ""}
-
-
-@dataclass
-class _Run:
-    """Mutable bookkeeping of one evaluation."""
-
-    stages: list[tuple[str, float]] = field(default_factory=list)
-    tiers: list[TierResult] = field(default_factory=list)
-    compile_s: float = 0.0
-    stage: str = "static"
-    t: float = field(default_factory=time.perf_counter)
-
-    def enter(self, stage: str) -> None:
-        now = time.perf_counter()
-        self.stages.append((self.stage, now - self.t))
-        self.stage, self.t = stage, now
 
 
 class Evaluator:
@@ -175,7 +152,7 @@ class Evaluator:
     # -- the cascade ------------------------------------------------------------------------------
     def evaluate(self, candidate: Candidate, incumbent: Candidate | None = None) -> Verdict:
         incumbent = incumbent or baseline_candidate()
-        run = _Run()
+        run = Progress()
         cfg = self.config
         try:
             if cfg.static_checks:
@@ -200,7 +177,7 @@ class Evaluator:
             run.enter(run.stage)
             return self._verdict(candidate, incumbent, run, False, run.stage, str(e), "error")
 
-    def _verdict(self, candidate: Candidate, incumbent: Candidate, run: _Run, accepted: bool, stage: str, reason: str,
+    def _verdict(self, candidate: Candidate, incumbent: Candidate, run: Progress, accepted: bool, stage: str, reason: str,
                  status: str) -> Verdict:
         last = run.tiers[-1] if run.tiers else None
         return Verdict(
@@ -211,7 +188,7 @@ class Evaluator:
             tiers=tuple(run.tiers), compile_s=run.compile_s, wall_s=sum(s for _, s in run.stages),
             stages=tuple(run.stages), model=self.config.model, device=self.config.device, versions=versions())
 
-    def _tier(self, tier: str, candidate: Candidate, incumbent: Candidate, run: _Run) -> TierResult:
+    def _tier(self, tier: str, candidate: Candidate, incumbent: Candidate, run: Progress) -> TierResult:
         cfg, t = self.config, self.config.timeouts
         seed = cfg.seed if cfg.seed is not None else secrets.randbits(31)
         text = scripts.TextSource(self.spec.vocab_size, seed)

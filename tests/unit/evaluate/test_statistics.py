@@ -161,8 +161,8 @@ def test_a_noisy_machine_gets_more_pairs_not_a_fresh_start() -> None:
     import pytest
 
     from athanor.evaluate import EvaluateConfig, Evaluator
-    from athanor.evaluate.cascade import Rejected
     from athanor.evaluate.objective import StepShape
+    from athanor.evaluate.progress import Rejected
 
     rng = np.random.default_rng(34)
 
