@@ -31,8 +31,12 @@ def test_evaluate_gives_the_noise_floor_and_a_verdict_on_the_planted_candidate(
     record, printed = _run(["evaluate", "--model", "tiny-dense", "--device", "cpu", "--runs", "2", "--pairs", "8",
                             "--prefill-pairs", "8", "--max-pairs", "32", "--budget", "0.1"], tmp_path / "e.json", capsys)
     assert record["benchmark"] == "evaluate" and len(record["runs"]) == 2 and len(printed) == 3
-    for run in record["runs"]:  # the reference against itself reaches timing, with its A/A interval and shapes
-        assert run["stage"] == "timing" and run["aa"]["ci_low"] <= 1.0 <= run["aa"]["ci_high"] and run["shapes"]
+    # The reference against itself reaches timing, with its shapes and an A/A interval inside the CPU's noise target
+    # (the bench's documented +-5%). Not "the interval holds 1.0": a 95% interval of an unbiased A/A misses 1.0 in
+    # one run of twenty by design, and two workers' processes may differ by a fraction of a percent besides.
+    for run in record["runs"]:
+        assert run["stage"] == "timing" and run["shapes"]
+        assert 0.95 <= run["aa"]["ci_low"] <= run["aa"]["median"] <= run["aa"]["ci_high"] <= 1.05, run["aa"]
     assert record["planted"]["stage"] in ("accepted", "timing") and "planted faster candidate" in printed[-1]
 
 
