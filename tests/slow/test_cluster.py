@@ -128,23 +128,23 @@ def test_a_screener_killed_mid_screen_is_replaced_and_its_candidate_screened_aga
     planted = [write_slow_candidate(tmp_path / f"x{n}", n) for n in (3, 4)]
     plant(planted)
     killed: list[int] = []
-    screen = cluster_module.ScreenPool.screen
+    submit = cluster_module.ScreenPool.submit
 
-    def screen_and_kill(self, candidates, baseline):  # type: ignore[no-untyped-def]
+    def submit_and_kill(self, candidate, baseline):  # type: ignore[no-untyped-def]
         def kill() -> None:
             time.sleep(4.0)  # inside the first screens (engines start, then timing)
-            if not killed:
-                killed.append(self.placements[0].pid)
-                os.kill(self.placements[0].pid, signal.SIGKILL)
+            os.kill(killed[0], signal.SIGKILL)
 
-        threading.Thread(target=kill, daemon=True).start()
-        yield from screen(self, candidates, baseline)
+        if not killed:  # the first screen submitted: its screener dies four seconds in
+            killed.append(self.placements[0].pid)
+            threading.Thread(target=kill, daemon=True).start()
+        submit(self, candidate, baseline)
 
-    cluster_module.ScreenPool.screen = screen_and_kill  # type: ignore[method-assign]
+    cluster_module.ScreenPool.submit = submit_and_kill  # type: ignore[method-assign]
     try:
         report, events = _compile(tmp_path / "run", tmp_path / "incumbent", cluster=cluster, store=store)
     finally:
-        cluster_module.ScreenPool.screen = screen  # type: ignore[method-assign]
+        cluster_module.ScreenPool.submit = submit  # type: ignore[method-assign]
     log = "\n".join(events)
     assert killed and any("died during the screen" in e for e in events), log
     from athanor.store import open_store

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,7 +91,8 @@ class _Screener:
 
 
 class ScreenPool:
-    """Screeners on the cluster: `screen` runs a batch of candidates on all of them at once."""
+    """Screeners on the cluster, fed one candidate at a time: `submit` queues a screen, which starts as soon as a
+    screener is free, and `next` waits for the first verdict to come, so no screener waits on another's screen."""
 
     def __init__(self, address: str, config: EvaluateConfig) -> None:
         self.ray = ray = connect(address)
@@ -106,6 +106,10 @@ class ScreenPool:
         self._remote, self._cores = remote, cores
         self.actors = [self._actor(config, i) for i in range(count)]
         self.placements: list[Placement] = ray.get([a.placement.remote() for a in self.actors])
+        self._queue: deque[tuple[Candidate, Candidate]] = deque()
+        self._running: dict[Any, tuple[int, Candidate, Candidate]] = {}
+        self._idle = list(range(count))
+        self._tries: dict[str, int] = {}
 
     def _actor(self, config: EvaluateConfig, i: int) -> Any:
         gpu = config.device.startswith("cuda")
@@ -115,38 +119,50 @@ class ScreenPool:
     def __len__(self) -> int:
         return len(self.actors)
 
-    def screen(self, candidates: list[Candidate], baseline: Candidate) -> Iterator[tuple[Candidate, Verdict]]:
-        """Each candidate's verdict as it comes, every actor busy while candidates wait. A screen lost with its actor
-        (the process died: Ray restarts the actor) comes as a "worker-lost" verdict naming the screener, and the
-        candidate is queued again."""
+    @property
+    def free(self) -> int:
+        """Screeners that a candidate submitted now would start on at once."""
+        return max(0, len(self._idle) - len(self._queue))
+
+    @property
+    def in_flight(self) -> int:
+        """Screens submitted whose verdicts have not come yet."""
+        return len(self._queue) + len(self._running)
+
+    def submit(self, candidate: Candidate, baseline: Candidate) -> None:
+        """Screen `candidate` against `baseline` on the next free screener."""
+        self._queue.append((candidate, baseline))
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        while self._queue and self._idle:
+            i, (cand, baseline) = self._idle.pop(), self._queue.popleft()
+            self._running[self.actors[i].screen.remote(cand, baseline)] = (i, cand, baseline)
+
+    def next(self) -> tuple[Candidate, Verdict]:
+        """The first verdict to come of those in flight. A screen lost with its actor (the process died: Ray restarts
+        the actor) comes as a "worker-lost" verdict naming the screener, and the candidate is queued again, first."""
         ray = self.ray
-        queue = deque(candidates)
-        tries: dict[str, int] = {}
-        running: dict[Any, tuple[int, Candidate]] = {}
-        idle = list(range(len(self.actors)))
-        while queue or running:
-            while queue and idle:
-                i, cand = idle.pop(), queue.popleft()
-                running[self.actors[i].screen.remote(cand, baseline)] = (i, cand)
-            done, _ = ray.wait(list(running), num_returns=1)
-            i, cand = running.pop(done[0])
-            idle.append(i)
-            try:
-                verdict = ray.get(done[0])
-            except ray.exceptions.RayActorError as e:
-                tries[cand.id] = tries.get(cand.id, 0) + 1
-                where = self.placements[i]
-                who = f"screener {i} (pid {where.pid} on node {where.node_id[:12]})"
-                log.warning("%s died screening %s (%s): screening it again", who, cand.id, str(e).splitlines()[0])
-                if tries[cand.id] >= LOST_SCREENS_MAX:
-                    raise ConfigError(f"--cluster: the screen of {cand.id} was lost with its actor "
-                                      f"{LOST_SCREENS_MAX} times") from None
-                queue.appendleft(cand)
-                yield cand, Verdict(cand.id, baseline.id, False, "worker-lost", f"{who} died during the screen; "
-                                    "screened again on another", status="error")
-                self._refresh(i)
-                continue
-            yield cand, verdict
+        done, _ = ray.wait(list(self._running), num_returns=1)
+        i, cand, baseline = self._running.pop(done[0])
+        self._idle.append(i)
+        try:
+            verdict = ray.get(done[0])
+        except ray.exceptions.RayActorError as e:
+            self._tries[cand.id] = self._tries.get(cand.id, 0) + 1
+            where = self.placements[i]
+            who = f"screener {i} (pid {where.pid} on node {where.node_id[:12]})"
+            log.warning("%s died screening %s (%s): screening it again", who, cand.id, str(e).splitlines()[0])
+            if self._tries[cand.id] >= LOST_SCREENS_MAX:
+                raise ConfigError(f"--cluster: the screen of {cand.id} was lost with its actor "
+                                  f"{LOST_SCREENS_MAX} times") from None
+            self._refresh(i)
+            self._queue.appendleft((cand, baseline))
+            self._dispatch()
+            return cand, Verdict(cand.id, baseline.id, False, "worker-lost", f"{who} died during the screen; "
+                                 "screened again on another", status="error")
+        self._dispatch()
+        return cand, verdict
 
     def confirmer(self, config: EvaluateConfig) -> Confirmer:
         """Stop the screeners (the search is over) and reserve a worker of the cluster for the slow tier `config`."""
@@ -172,7 +188,9 @@ class ScreenPool:
                 log.debug("closing a screener: %s", e)
         for actor in self.actors:
             self.ray.kill(actor)
-        self.actors = []
+        self.actors, self._idle = [], []
+        self._running.clear()
+        self._queue.clear()
 
 
 class Confirmer:

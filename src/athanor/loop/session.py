@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -194,65 +195,74 @@ class Session:
         if self.incumbent is not None and self.reference.id not in (self.incumbent.id, *self.fast_verdicts):
             self._screen(fast, self.reference)
         active = {a.name: a for a in self.agents}
-        width = len(self.pool) if self.pool is not None else 1  # proposals screened at once
+        if self.pool is not None:
+            self._stream(active, deadline, fast.config.margin)
+            return
         while not self._search_over(deadline) and active:
-            batch: list[Candidate] = []
-            while len(batch) < width and active and not self._full(batch, deadline):
-                agent = active[self.budget.choose(list(active))]
-                self._show(f"agent {agent.name} proposing")
-                try:
-                    proposals = agent.propose(self._context())
-                except AgentError as e:
-                    self.board.warning(agent.name, str(e))
-                    self.emit(f"{agent.name}: {e} (agent stopped)")
-                    del active[agent.name]
-                    continue
-                if not proposals:
-                    self.emit(f"{agent.name}: nothing new to propose")
-                    del active[agent.name]
-                    continue
-                for proposal in proposals:
-                    if self._full(batch, deadline):
-                        break
-                    batch.append(Candidate.from_source(proposal.source, parent=proposal.parent_id,
-                                                       author=proposal.author, description=proposal.description))
-            self._screen_batch(fast, batch, deadline, guess)
+            for cand in self._propose(active):
+                if self._search_over(deadline):  # screens take time: the search may end inside a round
+                    break
+                self._register(cand)
+                started = self.clock()
+                self._screen(fast, cand)
+                self.screened += 1
+                if guess and self.screened == 1:
+                    self._revise_reserve(self.clock() - started, deadline)
 
-    def _full(self, batch: list[Candidate], deadline: float) -> bool:
-        """No more proposals this round: the search is over, or the batch makes `max_candidates`."""
-        return self._search_over(deadline) or (self.max_candidates is not None
-                                               and self.screened + len(batch) >= self.max_candidates)
+    def _propose(self, active: dict[str, Agent]) -> list[Candidate]:
+        """The proposals of the agent the budget chooses next; none once every agent in `active` has stopped (an agent
+        that fails or has nothing new leaves it)."""
+        while active:
+            agent = active[self.budget.choose(list(active))]
+            self._show(f"agent {agent.name} proposing")
+            try:
+                proposals = agent.propose(self._context())
+            except AgentError as e:
+                self.board.warning(agent.name, str(e))
+                self.emit(f"{agent.name}: {e} (agent stopped)")
+                del active[agent.name]
+                continue
+            if not proposals:
+                self.emit(f"{agent.name}: nothing new to propose")
+                del active[agent.name]
+                continue
+            return [Candidate.from_source(p.source, parent=p.parent_id, author=p.author, description=p.description)
+                    for p in proposals]
+        return []
+
+    def _stream(self, active: dict[str, Agent], deadline: float, margin: float) -> None:
+        """Screen on the cluster: a screener that is done gets the next proposal at once, so none waits on another's
+        screen; once the search is over, the screens in flight finish and count."""
+        pool = self.pool
+        assert pool is not None
+        pending: deque[Candidate] = deque()
+        while True:
+            limit = math.inf if self.max_candidates is None else self.max_candidates
+            while pool.free and self.screened + pool.in_flight < limit and not self._search_over(deadline):
+                if not pending:
+                    pending.extend(self._propose(active))
+                    if not pending:
+                        break
+                cand = pending.popleft()
+                self._register(cand)
+                pool.submit(cand, self.baseline)
+            if not pool.in_flight:
+                return
+            self._show(f"screening {pool.in_flight} candidate(s) on {len(pool)} screeners")
+            cand, verdict = pool.next()
+            if verdict.stage == "worker-lost":  # recorded, told to nobody: the candidate is screened again
+                self.store.record_verdict(self.run_id, verdict.to_dict(), tier="fast")
+                self.workers_lost.append(verdict.reason)
+                self.emit(f"[fast] {cand.id} {verdict.reason}")
+                continue
+            self._screened(cand, verdict, margin)
+            self.screened += 1
 
     def _register(self, cand: Candidate) -> None:
         self.sources[cand.id] = cand
         m = cand.manifest
         self.store.add_candidate(self.run_id, cand.source, parent_id=m.parent, author=m.author,
                                  description=m.description, manifest=m.__dict__)
-
-    def _screen_batch(self, fast: Evaluator, batch: list[Candidate], deadline: float, guess: bool) -> None:
-        """Screen a round's proposals: on the cluster's screeners at once, else one after another here."""
-        if self.pool is not None and batch:
-            for cand in batch:
-                self._register(cand)
-            self._show(f"screening {len(batch)} candidate(s) on {len(self.pool)} screeners")
-            for cand, verdict in self.pool.screen(batch, self.baseline):
-                if verdict.stage == "worker-lost":  # recorded, told to nobody: the candidate is screened again
-                    self.store.record_verdict(self.run_id, verdict.to_dict(), tier="fast")
-                    self.workers_lost.append(verdict.reason)
-                    self.emit(f"[fast] {cand.id} {verdict.reason}")
-                    continue
-                self._screened(cand, verdict, fast.config.margin)
-                self.screened += 1
-            return
-        for cand in batch:
-            if self._search_over(deadline):  # screens take time: the search may end inside a round
-                return
-            self._register(cand)
-            started = self.clock()
-            self._screen(fast, cand)
-            self.screened += 1
-            if guess and self.screened == 1:
-                self._revise_reserve(self.clock() - started, deadline)
 
     def _revise_reserve(self, first_screen_s: float, deadline: float) -> None:
         """With no record of what confirming costs here, take the first screen's cost (its engines' start and one
