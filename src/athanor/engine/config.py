@@ -114,9 +114,9 @@ class EngineConfig:
     """torch intra-op threads of the worker; 0: on CPU, one less than the usable cores (OpenMP threads that
     compete with the caller for cores spin and slow every step many times over); on CUDA, torch's default."""
     cpu_cores: tuple[int, ...] = ()
-    """Cores the worker (and the ranks it starts) is pinned to; empty: the cores it was started with. A process the
-    scheduler moves between cores pays cold caches at each move, which on a small machine turns a step's time into
-    noise wider than the speedups being judged."""
+    """Cores the worker (and the ranks it starts) is pinned to; empty: the cores it was started with. The evaluator
+    pins its timed workers (`athanor.evaluate.lock.timing_cores`): a step timed while the scheduler moves it between
+    cores, or wakes it from another core, varies by more than the speedups being judged."""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1)

@@ -85,9 +85,9 @@ def _flock(path: Path, t0: float, timeout_s: float) -> Iterator[None]:
 def timing_cores(device: str) -> tuple[int, ...]:
     """Cores an engine timed on `device` is pinned to (empty: not pinned).
 
-    On CPU, the usable cores less the first, at least one: the caller's process and the OS keep a core, the timed
-    engines (which take turns) share the rest, and a step is not moved between cores mid-measurement. On CUDA,
-    none: the host thread launches graphs and waits.
+    On CPU, the usable cores less the first, at least one: the timed engines, which take turns, share them, and the
+    caller joins them while it times (`pinned`); between timings the caller and the OS have the first core to
+    themselves. On CUDA, none: the host thread launches graphs and waits.
     """
     if not device.startswith("cpu"):
         return ()
