@@ -95,14 +95,6 @@ def timing_cores(device: str) -> tuple[int, ...]:
     return cores[1:] or cores
 
 
-def timing_threads(device: str) -> int:
-    """Intra-op threads for an engine that is timed on `device`: one per core of `timing_cores` on CPU (OpenMP
-    threads competing for cores spin and turn timings into noise); on CUDA, one: the little CPU work of a step
-    (fingerprints, copies) spread over torch's default pool of every core would be CPU time no turn accounts for.
-    """
-    return len(timing_cores(device)) or 1
-
-
 @contextlib.contextmanager
 def pinned(cores: Sequence[int]) -> Iterator[None]:
     """Every thread of this process on `cores` for the block (none given: unchanged), as the timed engines are.

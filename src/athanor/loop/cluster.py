@@ -122,7 +122,7 @@ class ScreenPool:
     @property
     def free(self) -> int:
         """Screeners that a candidate submitted now would start on at once."""
-        return max(0, len(self._idle) - len(self._queue))
+        return 0 if self._queue else len(self._idle)  # a queued screen waits only while every screener is busy
 
     @property
     def in_flight(self) -> int:

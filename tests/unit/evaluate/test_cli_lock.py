@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -15,7 +16,7 @@ from eval_config import CONFIG
 
 from athanor.cli import main
 from athanor.evaluate.engines import engine_config
-from athanor.evaluate.lock import device_lock, lock_paths, pinned, timing_cores, timing_threads
+from athanor.evaluate.lock import device_lock, lock_paths, pinned, timing_cores
 
 
 def test_cli_rejects_wrong_candidate_with_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -130,8 +131,9 @@ def test_pinned_moves_every_thread_of_the_process_and_puts_them_back() -> None:
 
 def test_timed_engines_run_on_the_timing_cores_the_caller_keeps_the_first() -> None:
     cores = sorted(os.sched_getaffinity(0))
-    assert timing_cores("cuda:0") == () and timing_threads("cuda:0") == 1
     assert timing_cores("cpu") == (tuple(cores[1:]) or tuple(cores))
     config = engine_config(CONFIG, 2)
     assert config.cpu_cores == timing_cores("cpu") and config.cpu_threads == len(config.cpu_cores)
+    cuda = engine_config(dataclasses.replace(CONFIG, device="cuda:0"), 2)
+    assert timing_cores("cuda:0") == () and cuda.cpu_cores == () and cuda.cpu_threads == 1
     assert type(config).from_json(config.to_json()) == config
