@@ -113,10 +113,6 @@ class EngineConfig:
     cpu_threads: int = 0
     """torch intra-op threads of the worker; 0: on CPU, one less than the usable cores (OpenMP threads that
     compete with the caller for cores spin and slow every step many times over); on CUDA, torch's default."""
-    cpu_cores: tuple[int, ...] = ()
-    """Cores the worker (and the ranks it starts) is pinned to; empty: the cores it was started with. The evaluator
-    pins its timed workers (`athanor.evaluate.lock.timing_cores`): a step timed while the scheduler moves it between
-    cores, or wakes it from another core, varies by more than the speedups being judged."""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1)
@@ -126,7 +122,6 @@ class EngineConfig:
         raw: dict[str, Any] = json.loads(text)
         raw["sandbox"] = SandboxConfig(**raw.get("sandbox", {}))
         raw["buckets"] = tuple(raw.get("buckets", DEFAULT_BUCKETS))
-        raw["cpu_cores"] = tuple(raw.get("cpu_cores", ()))
         return cls(**raw)
 
     def scratch(self) -> Path:

@@ -66,8 +66,6 @@ def _load_model(config: EngineConfig, group: Group) -> Model:
 def _threads(config: EngineConfig, ranks: int) -> None:
     import torch
 
-    if config.cpu_cores:
-        os.sched_setaffinity(0, config.cpu_cores)
     if config.cpu_threads:
         torch.set_num_threads(config.cpu_threads)
     elif config.device == "cpu":  # the usable cores shared by the group's ranks, one left to the caller

@@ -28,7 +28,7 @@ from athanor.engine.supervisor import Supervisor, Timeouts
 from athanor.errors import ConfigError, EngineDied
 from athanor.evaluate.config import EvaluateConfig
 from athanor.evaluate.interleave import Refused, Side, run_interleaved
-from athanor.evaluate.lock import pinned, timing_cores
+from athanor.evaluate.lock import timing_threads
 from athanor.evaluate.scripts import Script
 from athanor.seams import declared_layout, layout_name
 
@@ -37,13 +37,9 @@ log = logging.getLogger(__name__)
 
 def engine_config(cfg: EvaluateConfig, num_layers: int) -> EngineConfig:
     buckets = decode_buckets(cfg.max_seqs)
-    cores = timing_cores(cfg.device)
-    # One intra-op thread per timing core (OpenMP threads competing for cores spin and turn timings into noise); on
-    # CUDA one: the little CPU work of a step (fingerprints, copies) spread over torch's default pool of every core
-    # would be CPU time no turn accounts for.
     return EngineConfig(model=cfg.model, device=cfg.device, dtype=cfg.dtype, num_layers=num_layers,
                         max_seqs=cfg.max_seqs, max_seq_len=cfg.max_seq_len, buckets=buckets, max_resident=3,
-                        sandbox=SandboxConfig(enabled=cfg.sandbox), cpu_threads=len(cores) or 1, cpu_cores=cores)
+                        sandbox=SandboxConfig(enabled=cfg.sandbox), cpu_threads=timing_threads(cfg.device))
 
 
 class TierEngines:
@@ -173,9 +169,8 @@ class TierEngines:
         timed = {id(s.worker) for s in sides}
         hold = tuple(w for w in self.challengers.values() if id(w) not in timed)
         try:
-            with pinned(self._config.cpu_cores):
-                return run_interleaved(sides, script, seed, timeout_s, logits_of=[ids.index(c) for c in logits_of],
-                                       threads=self.threads, device_clock=self.device_clock, hold=hold)
+            return run_interleaved(sides, script, seed, timeout_s, logits_of=[ids.index(c) for c in logits_of],
+                                   threads=self.threads, device_clock=self.device_clock, hold=hold)
         except Refused as e:
             return p.TrajectoryReply(status="violation", error=str(e), violations=(str(e),))
 

@@ -19,7 +19,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 from athanor.settings import cache_dir
@@ -82,37 +82,14 @@ def _flock(path: Path, t0: float, timeout_s: float) -> Iterator[None]:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
-def timing_cores(device: str) -> tuple[int, ...]:
-    """Cores an engine timed on `device` is pinned to (empty: not pinned).
+def timing_threads(device: str) -> int:
+    """Intra-op threads for an engine that is timed on `device`.
 
-    On CPU, the usable cores less the first, at least one: the timed engines, which take turns, share them, and the
-    caller joins them while it times (`pinned`); between timings the caller and the OS have the first core to
-    themselves. On CUDA, none: the host thread launches graphs and waits.
+    On CPU, one less than the usable cores, at least one: the caller's process and the OS keep a
+    core, and OpenMP threads competing for cores spin and turn timings into noise. On CUDA, one: the
+    host thread launches graphs and waits, and the little CPU work of a step (fingerprints, copies)
+    spread over torch's default pool of every core would be CPU time no turn accounts for.
     """
     if not device.startswith("cpu"):
-        return ()
-    cores = tuple(sorted(os.sched_getaffinity(0)))
-    return cores[1:] or cores
-
-
-@contextlib.contextmanager
-def pinned(cores: Sequence[int]) -> Iterator[None]:
-    """Every thread of this process on `cores` for the block (none given: unchanged), as the timed engines are.
-
-    On CPU the evaluator's clock times each step from request to reply, across its own socket threads and the
-    worker's: on one core that hand-off is a context switch, across cores a wake-up whose latency a virtual
-    machine varies by more than the speedups being judged."""
-    if not cores:
-        yield
-        return
-    before = {}
-    for tid in (int(t) for t in os.listdir("/proc/self/task")):
-        with contextlib.suppress(OSError):  # a thread may end meanwhile
-            before[tid] = os.sched_getaffinity(tid)
-            os.sched_setaffinity(tid, cores)
-    try:
-        yield
-    finally:
-        for tid, mask in before.items():
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(tid, mask)
+        return 1
+    return max(1, len(os.sched_getaffinity(0)) - 1)

@@ -50,7 +50,6 @@ FORBIDDEN_ATTRS = {
     "__subclasses__": "introspection", "__code__": "code patching", "__dict__": "namespace access",
     "elapsed_time": "reading timing events", "perf_counter": "reading the clock", "register_forward_hook": "hooks",
     "set_num_threads": "changing the thread pool", "set_num_interop_threads": "changing the thread pool",
-    "sched_setaffinity": "moving off the cores it was given",
 }
 STREAM_MAKERS = ("Stream", "stream", "ExternalStream")
 STREAM_SYNCS = ("wait_stream", "wait_event", "synchronize")

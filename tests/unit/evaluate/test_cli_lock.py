@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import multiprocessing
-import os
-import threading
 import time
 from pathlib import Path
 
 import eval_candidates as c
 import pytest
-from eval_config import CONFIG
 
 from athanor.cli import main
-from athanor.evaluate.engines import engine_config
-from athanor.evaluate.lock import device_lock, lock_paths, pinned, timing_cores
+from athanor.evaluate.lock import device_lock, lock_paths
 
 
 def test_cli_rejects_wrong_candidate_with_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -106,34 +101,3 @@ def test_processes_pinned_to_other_cores_time_at_once(tmp_path: Path, monkeypatc
     with device_lock("cpu") as waited:  # every core: waits for the holder of the first
         assert waited > 0.3
     holder.join()
-
-
-def _affinities() -> dict[int, set[int]]:
-    return {int(t): os.sched_getaffinity(int(t)) for t in os.listdir("/proc/self/task")}
-
-
-def test_pinned_moves_every_thread_of_the_process_and_puts_them_back() -> None:
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
-        pytest.skip("needs two cores to tell a pinned thread from a free one")
-    stop = threading.Event()
-    waiter = threading.Thread(target=stop.wait)
-    waiter.start()
-    try:
-        before = _affinities()
-        with pinned((cores[-1],)):
-            assert all(mask == {cores[-1]} for mask in _affinities().values())  # the waiting thread too
-        assert _affinities() == before
-    finally:
-        stop.set()
-        waiter.join()
-
-
-def test_timed_engines_run_on_the_timing_cores_the_caller_keeps_the_first() -> None:
-    cores = sorted(os.sched_getaffinity(0))
-    assert timing_cores("cpu") == (tuple(cores[1:]) or tuple(cores))
-    config = engine_config(CONFIG, 2)
-    assert config.cpu_cores == timing_cores("cpu") and config.cpu_threads == len(config.cpu_cores)
-    cuda = engine_config(dataclasses.replace(CONFIG, device="cuda:0"), 2)
-    assert timing_cores("cuda:0") == () and cuda.cpu_cores == () and cuda.cpu_threads == 1
-    assert type(config).from_json(config.to_json()) == config
